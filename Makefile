@@ -1,0 +1,36 @@
+# The two commands a new user runs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+
+.PHONY: run test lint bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Serving needs only the runtime dependencies.
+$(VENV)/.serve: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.serve
+
+run: $(VENV)/.serve
+	$(BIN)/gunicorn -c deploy/gunicorn.conf.py 'app:create_app()'
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: $(VENV)/.serve
+	$(BIN)/python -m bench.appends
+
+clean:
+	rm -rf $(VENV) build *.egg-info

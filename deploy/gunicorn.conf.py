@@ -1,0 +1,31 @@
+"""gunicorn settings for segstore: one gevent worker owns the data directory.
+
+The engine is built in the worker by ``create_app()`` (``preload_app`` stays
+off, so the arbiter never opens the data directory) and closed when the
+worker exits. SIGTERM drains requests for up to ``graceful_timeout`` seconds.
+"""
+
+from engine import load_settings
+
+_settings = load_settings()
+
+bind = [_settings.bind]
+workers = 1
+worker_class = "gevent"
+worker_connections = 2000
+preload_app = False
+graceful_timeout = 30
+# Long-poll reads park for up to tail_wait_max_s; the gevent worker's
+# heartbeat is independent of request time, so this only bounds a stuck worker.
+timeout = 120
+keepalive = 75
+loglevel = _settings.log_level
+accesslog = None
+
+
+def worker_exit(server, worker):  # noqa: ARG001 - gunicorn's hook signature
+    """Close the engine so Tier 1 is released cleanly on shutdown."""
+    app = getattr(worker, "wsgi", None)
+    store = getattr(app, "extensions", {}).get("segstore") if app is not None else None
+    if store is not None:
+        store.close()

@@ -1,0 +1,51 @@
+"""segstore's storage engine: importable and testable without the HTTP layer.
+
+``app/`` uses only the names exported here.
+"""
+
+from engine.config import Settings, load_settings
+from engine.errors import (
+    BadOffset,
+    ConditionalCheckFailed,
+    ContainerNotReady,
+    DataCorrupted,
+    InvalidArgument,
+    InvalidName,
+    PayloadTooLarge,
+    SegmentExists,
+    SegmentNotFound,
+    SegmentSealed,
+    SegmentTruncated,
+    SegstoreError,
+    StorageFull,
+    StoreLocked,
+    Throttled,
+)
+from engine.naming import validate_segment_name
+from engine.store import SegmentStore
+from engine.types import AppendResult, ReadResult, SegmentInfo
+
+__all__ = [
+    "AppendResult",
+    "BadOffset",
+    "ConditionalCheckFailed",
+    "ContainerNotReady",
+    "DataCorrupted",
+    "InvalidArgument",
+    "InvalidName",
+    "PayloadTooLarge",
+    "ReadResult",
+    "SegmentExists",
+    "SegmentInfo",
+    "SegmentNotFound",
+    "SegmentSealed",
+    "SegmentStore",
+    "SegmentTruncated",
+    "SegstoreError",
+    "Settings",
+    "StorageFull",
+    "StoreLocked",
+    "Throttled",
+    "load_settings",
+    "validate_segment_name",
+]

@@ -1,0 +1,105 @@
+"""The one settings object: defaults, then a TOML file, then the environment.
+
+Every limit of the engine and the server is a field here, units last in the
+name. ``load_settings`` reads ``SEGSTORE_CONFIG`` (a TOML file whose keys are
+the field names) and then ``SEGSTORE_<FIELD>`` variables, e.g.
+``SEGSTORE_DATA_DIR`` or ``SEGSTORE_FLUSH_THRESHOLD_BYTES``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from engine.errors import InvalidArgument
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Limits and locations. Sizes in bytes, durations in seconds unless named _ms."""
+
+    data_dir: str = "./data"
+    bind: str = "127.0.0.1:8080"
+    # Tier 2 location: a folder (default: <data_dir>/tier2).
+    tier2: str = ""
+    container_count: int = 4
+    max_append_bytes: int = 8 * MiB
+    max_read_bytes: int = 8 * MiB
+    # Tier 1: data frames are at most this large; log files roll past tier1_file_bytes.
+    max_frame_bytes: int = 1 * MiB
+    tier1_file_bytes: int = 64 * MiB
+    # A metadata checkpoint is written after this many Tier 1 bytes (and at every start).
+    checkpoint_every_bytes: int = 16 * MiB
+    # Storage writer: flush a segment's appends to Tier 2 at this size or age.
+    flush_threshold_bytes: int = 4 * MiB
+    flush_threshold_ms: int = 1000
+    # Appends answer 503 once this many acknowledged bytes wait for Tier 2.
+    tier1_backlog_max_bytes: int = 1024 * MiB
+    # Read cache: flushed blocks are evicted past this size; cache_block_bytes per block.
+    cache_max_bytes: int = 256 * MiB
+    cache_block_bytes: int = 1 * MiB
+    # Tail reads: the longest `wait` a client may ask for; SSE keep-alive period.
+    tail_wait_max_s: float = 60.0
+    sse_keepalive_s: float = 15.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and value < 0:
+                raise InvalidArgument(f"setting {f.name} must not be negative, got {value}")
+        if self.container_count < 1:
+            raise InvalidArgument("setting container_count must be at least 1")
+        if self.max_frame_bytes < 4096:
+            raise InvalidArgument("setting max_frame_bytes must be at least 4096")
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def tier2_path(self) -> Path:
+        return Path(self.tier2) if self.tier2 else self.data_path / "tier2"
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _convert(name: str, kind: str, raw: Any) -> Any:
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}") from None
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Build the settings from defaults, ``SEGSTORE_CONFIG``, ``SEGSTORE_*`` and overrides."""
+    env = os.environ if environ is None else environ
+    kinds = {f.name: str(f.type) for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    config_file = env.get("SEGSTORE_CONFIG")
+    if config_file:
+        with open(config_file, "rb") as fh:
+            for key, raw in tomllib.load(fh).items():
+                if key not in kinds:
+                    raise InvalidArgument(f"unknown setting {key!r} in {config_file}")
+                values[key] = _convert(key, kinds[key], raw)
+    for name, kind in kinds.items():
+        raw = env.get("SEGSTORE_" + name.upper())
+        if raw is not None:
+            values[name] = _convert(name, kind, raw)
+    values.update(overrides)
+    return Settings(**values)

@@ -1,0 +1,96 @@
+"""Typed engine errors.
+
+Every error the engine raises on purpose is a ``SegstoreError`` subclass with a
+stable ``code`` (the problem ``code`` of API.md). The HTTP layer maps each code
+to one status in one table; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.types import SegmentInfo
+
+
+class SegstoreError(Exception):
+    """Base of every engine error; ``segment`` is the segment's state when known."""
+
+    code = "Internal"
+
+    def __init__(self, detail: str, *, segment: SegmentInfo | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.segment = segment
+
+
+class InvalidName(SegstoreError):
+    code = "InvalidName"
+
+
+class InvalidArgument(SegstoreError):
+    code = "InvalidArgument"
+
+
+class SegmentNotFound(SegstoreError):
+    code = "SegmentNotFound"
+
+
+class SegmentExists(SegstoreError):
+    code = "SegmentExists"
+
+
+class SegmentSealed(SegstoreError):
+    code = "SegmentSealed"
+
+
+class SegmentTruncated(SegstoreError):
+    code = "SegmentTruncated"
+
+
+class ConditionalCheckFailed(SegstoreError):
+    code = "ConditionalCheckFailed"
+
+
+class PayloadTooLarge(SegstoreError):
+    code = "PayloadTooLarge"
+
+
+class BadOffset(SegstoreError):
+    """A read or truncate offset beyond the segment's length."""
+
+    code = "OffsetOutOfRange"
+
+
+class Throttled(SegstoreError):
+    """Back-pressure: the caller should retry after ``retry_after_s``."""
+
+    code = "Throttled"
+
+    def __init__(
+        self, detail: str, *, retry_after_s: float = 1.0, segment: SegmentInfo | None = None
+    ) -> None:
+        super().__init__(detail, segment=segment)
+        self.retry_after_s = retry_after_s
+
+
+class ContainerNotReady(Throttled):
+    """The container is recovering, stopped, or its Tier 1 log failed."""
+
+
+class StorageFull(SegstoreError):
+    """Tier 1 has no room for more bytes; nothing acknowledged is lost."""
+
+    code = "StorageFull"
+
+
+class DataCorrupted(SegstoreError):
+    """Stored data contradicts itself (a bad frame inside the log, a short Tier 2 file)."""
+
+    code = "DataCorrupted"
+
+
+class StoreLocked(SegstoreError):
+    """Another process owns the data directory."""
+
+    code = "StoreLocked"

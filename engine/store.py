@@ -1,0 +1,207 @@
+"""SegmentStore: the engine's front door (seed 000 "Segment Containers").
+
+It validates names, routes each segment to one of ``container_count``
+containers by a stable hash, and owns the containers' lifecycle: ``start``
+recovers them (in parallel, in the background), ``close`` stops them cleanly.
+It also owns the data directory: an exclusive lock, and a small ``store.json``
+that pins the container count (changing it would re-route every name).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+
+from engine.blocking import run_blocking
+from engine.config import Settings
+from engine.container import SegmentContainer
+from engine.durable_log.file_log import FileDataLog
+from engine.errors import ContainerNotReady, InvalidArgument, StoreLocked
+from engine.metrics import EngineMetrics
+from engine.naming import container_for, tier1_dir, validate_segment_name
+from engine.tier2.local import LocalChunkStorage
+from engine.types import AppendResult, ReadResult, SegmentInfo
+
+log = logging.getLogger(__name__)
+
+_STORE_FILE = "store.json"
+_LOCK_FILE = "LOCK"
+
+
+class SegmentStore:
+    """All segments of one data directory. Thread-safe; blocking calls are cooperative under gevent."""
+
+    def __init__(self, settings: Settings, *, containers: Iterable[SegmentContainer] | None = None):
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self.metrics = EngineMetrics(self.registry)
+        self._lock_fd: int | None = None
+        self._containers: list[SegmentContainer] = list(containers) if containers else []
+        self._started = threading.Event()
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self, *, wait: bool = False) -> None:
+        """Lock the data directory and recover every container (in background threads)."""
+        if not self._containers:
+            self._lock_data_dir()
+            self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
+        for container in self._containers:
+            container.start()
+        self._started.set()
+        if wait:
+            self.wait_ready()
+
+    def _lock_data_dir(self) -> None:
+        data = self.settings.data_path
+        data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(data / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(f"another process owns the data directory {data}") from None
+        self._lock_fd = fd
+        pinned = data / _STORE_FILE
+        if pinned.exists():
+            count = json.loads(pinned.read_text())["container_count"]
+            if count != self.settings.container_count:
+                raise InvalidArgument(
+                    f"data directory {data} was created with container_count={count}; "
+                    f"it cannot be opened with {self.settings.container_count}"
+                )
+        else:
+            tmp = pinned.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"container_count": self.settings.container_count}))
+            os.replace(tmp, pinned)
+
+    def _build_container(self, container_id: int) -> SegmentContainer:
+        s = self.settings
+        data_log = FileDataLog(tier1_dir(s.data_path, container_id), file_bytes=s.tier1_file_bytes)
+        storage = LocalChunkStorage(s.tier2_path)
+        return SegmentContainer(container_id, s, data_log, storage, self.metrics)
+
+    @property
+    def ready(self) -> bool:
+        """True once every container has recovered and accepts requests."""
+        return self._started.is_set() and all(c.ready for c in self._containers)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until every container is ready; re-raise a container's recovery failure."""
+        self._started.wait(timeout_s)
+        for container in self._containers:
+            container.wait_ready(timeout_s)
+
+    def close(self) -> None:
+        """Stop every container: pending tails wake, the storage writer stops, logs close."""
+        if self._closed:
+            return
+        self._closed = True
+        for container in self._containers:
+            container.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ routing
+    def _container(self, name: str) -> SegmentContainer:
+        validate_segment_name(name)
+        if not self._containers:
+            raise ContainerNotReady("the store has not started")
+        return self._containers[container_for(name, len(self._containers))]
+
+    # --------------------------------------------------------------- operations
+    def create(self, name: str, *, rollover_bytes: int | None = None) -> SegmentInfo:
+        """Create an empty segment. Raises SegmentExists if the name is taken."""
+        return self._container(name).create(name, rollover_bytes=rollover_bytes)
+
+    def append(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        expected_offset: int | None = None,
+        writer_id: uuid.UUID | None = None,
+        event_number: int | None = None,
+        event_count: int = 1,
+    ) -> AppendResult:
+        """Append ``data`` atomically; returns once it is durable in Tier 1.
+
+        ``expected_offset``: append only if the length equals it (else
+        ConditionalCheckFailed). ``writer_id`` + ``event_number``: append only
+        if ``event_number`` is greater than the writer's stored one; otherwise
+        the result is a duplicate and nothing is stored.
+        """
+        return self._container(name).append(
+            name,
+            data,
+            expected_offset=expected_offset,
+            writer_id=writer_id,
+            event_number=event_number,
+            event_count=event_count,
+        )
+
+    def read(
+        self,
+        name: str,
+        offset: int | None = None,
+        max_length: int | None = None,
+        *,
+        wait_s: float = 0.0,
+    ) -> ReadResult:
+        """Read from ``offset`` (default: start offset) up to ``max_length`` bytes.
+
+        Returns what is available now, at most ``max_read_bytes``. At the end of
+        an unsealed segment it waits up to ``wait_s`` for the next append.
+        Raises SegmentTruncated below the start offset, BadOffset past the length.
+        """
+        return self._container(name).read(name, offset, max_length, wait_s=wait_s)
+
+    def info(self, name: str) -> SegmentInfo:
+        return self._container(name).info(name)
+
+    def seal(self, name: str) -> SegmentInfo:
+        """Seal the segment (idempotent): no append is accepted afterwards."""
+        return self._container(name).seal(name)
+
+    def truncate(self, name: str, offset: int) -> SegmentInfo:
+        """Set the start offset to max(current, offset); BadOffset past the length."""
+        return self._container(name).truncate(name, offset)
+
+    def delete(self, name: str) -> None:
+        """Delete the segment; its Tier 2 data is removed in the background."""
+        self._container(name).delete(name)
+
+    def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
+        """The last event number stored for ``writer_id`` on the segment, or None."""
+        return self._container(name).writer_event_number(name, writer_id)
+
+    def list(
+        self, prefix: str = "", *, after: str | None = None, limit: int = 1000
+    ) -> tuple[list[SegmentInfo], str | None]:
+        """Segments whose name starts with ``prefix``, in name order, after ``after``.
+
+        Returns the page and the name to pass as ``after`` for the next page
+        (None when there is no more).
+        """
+        if limit < 1:
+            raise InvalidArgument("limit must be at least 1")
+        names: list[SegmentInfo] = []
+        for container in self._containers:
+            names.extend(container.list(prefix, after, limit + 1))
+        names.sort(key=lambda i: i.name)
+        page = names[:limit]
+        more = len(names) > limit
+        return page, (page[-1].name if more else None)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every acknowledged byte is in Tier 2 (tests, shutdown, benchmarks)."""
+        for container in self._containers:
+            run_blocking(container.flush, timeout_s)

@@ -1,0 +1,50 @@
+"""Values the engine hands to its callers (immutable snapshots)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A segment's state at one moment. Offsets in bytes, times in Unix seconds."""
+
+    name: str
+    segment_id: int
+    length: int
+    start_offset: int
+    storage_length: int
+    sealed: bool
+    event_count: int
+    created: float
+    last_modified: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Outcome of an append.
+
+    ``offset`` is where the bytes start (None for a duplicate), ``info`` the
+    segment's state right after the append. ``duplicate`` is True when the
+    writer's event number was not greater than the stored one; then nothing
+    was appended and ``event_number`` is the stored one.
+    """
+
+    offset: int | None
+    duplicate: bool
+    event_number: int | None
+    info: SegmentInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Bytes read from ``offset``; ``next_offset`` = offset + len(data).
+
+    ``data`` is empty when a tail read timed out, or at the end of a sealed
+    segment (``info.sealed`` and ``next_offset == info.length``).
+    """
+
+    data: bytes
+    offset: int
+    next_offset: int
+    info: SegmentInfo
