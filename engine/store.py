@@ -19,7 +19,6 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 
-from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.durable_log.file_log import FileDataLog
@@ -84,7 +83,11 @@ class SegmentStore:
 
     def _build_container(self, container_id: int) -> SegmentContainer:
         s = self.settings
-        data_log = FileDataLog(tier1_dir(s.data_path, container_id), file_bytes=s.tier1_file_bytes)
+        data_log = FileDataLog(
+            tier1_dir(s.data_path, container_id),
+            file_bytes=s.tier1_file_bytes,
+            max_frame_bytes=s.max_frame_bytes,
+        )
         storage = LocalChunkStorage(s.tier2_path)
         return SegmentContainer(container_id, s, data_log, storage, self.metrics)
 
@@ -204,4 +207,4 @@ class SegmentStore:
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every acknowledged byte is in Tier 2 (tests, shutdown, benchmarks)."""
         for container in self._containers:
-            run_blocking(container.flush, timeout_s)
+            container.flush(timeout_s)

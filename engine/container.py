@@ -1,0 +1,317 @@
+"""SegmentContainer: one shard of segments and its components (seed 000 "Segment Containers").
+
+It receives its Tier 1 log and Tier 2 storage from outside (easy to test
+with the in-memory twins), builds metadata, cache, read index, durable log
+and storage writer, recovers them on ``start`` and turns requests into log
+operations. Reads are served by the read index, from the cache or, for
+evicted data, from Tier 2 in ``cache_block_bytes`` pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+
+from engine import operations as ops
+from engine.blocking import run_blocking
+from engine.cache import Cache
+from engine.config import Settings
+from engine.durable_log.data_log import DurableDataLog
+from engine.durable_log.durable_log import DurableLog
+from engine.errors import (
+    BadOffset,
+    ContainerNotReady,
+    DataCorrupted,
+    InvalidArgument,
+    PayloadTooLarge,
+    SegmentNotFound,
+    SegmentTruncated,
+    Throttled,
+)
+from engine.metadata import ContainerMetadata, Outcome
+from engine.metrics import EngineMetrics
+from engine.naming import segment_object_key
+from engine.read_index import ReadIndex
+from engine.tier2 import ChunkStorage
+from engine.types import AppendResult, ReadResult, SegmentInfo
+from engine.writer import StorageWriter
+
+log = logging.getLogger(__name__)
+
+_INT64_MAX = 2**63 - 1
+
+
+class SegmentContainer:
+    """All segments whose names hash to ``container_id``."""
+
+    def __init__(
+        self,
+        container_id: int,
+        settings: Settings,
+        data_log: DurableDataLog,
+        storage: ChunkStorage,
+        metrics: EngineMetrics,
+    ) -> None:
+        self.container_id = container_id
+        self.settings = settings
+        self.storage = storage
+        self.metadata = ContainerMetadata(container_id)
+        cache = Cache(max(settings.cache_max_bytes // settings.container_count, 1))
+        self.read_index = ReadIndex(cache, block_bytes=settings.cache_block_bytes)
+        self.durable_log = DurableLog(settings, data_log, self.metadata, self.read_index, metrics)
+        self.writer = StorageWriter(
+            container_id, settings, self.durable_log, self.metadata, self.read_index, storage, metrics
+        )
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Recover in the background; ``ready`` turns True when requests are accepted."""
+        self._thread = threading.Thread(
+            target=self._recover, name=f"recovery-{self.container_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _recover(self) -> None:
+        started = time.monotonic()
+        try:
+            replayed = self.durable_log.recover()
+            self._reconcile_tier2()
+            self.durable_log.check_recovered_data()
+            self.durable_log.start()
+            self.writer.start()
+        except BaseException as exc:
+            log.exception("container %d: recovery failed", self.container_id)
+            self._failure = exc
+            self._ready.set()
+            return
+        log.info("container %d: epoch %d, %d operations replayed in %.2fs",
+                 self.container_id, self.metadata.epoch, replayed, time.monotonic() - started)
+        self._ready.set()
+
+    def _reconcile_tier2(self) -> None:
+        """Take each segment's storage length from what Tier 2 really holds (seed 000 recovery)."""
+        with self.metadata.lock:
+            segments = [s for s in self.metadata.segments.values() if not s.deleted]
+        for seg in segments:
+            key = segment_object_key(self.container_id, seg.name, seg.segment_id)
+            actual = run_blocking(self.storage.length, key)
+            if actual > seg.length:
+                raise DataCorrupted(
+                    f"segment {seg.name!r}: Tier 2 holds {actual} bytes but its length is {seg.length}"
+                )
+            self.metadata.reconcile_storage_length(seg.segment_id, actual)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failure is None and not self._closed
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        if not self._ready.wait(timeout_s):
+            raise ContainerNotReady(f"container {self.container_id} is still recovering")
+        if self._failure is not None:
+            raise ContainerNotReady(
+                f"container {self.container_id} failed to recover: {self._failure}"
+            ) from self._failure
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._thread.join()
+        self.read_index.close()
+        if self._failure is None:
+            self.writer.close()
+            self.durable_log.close()
+
+    def flush(self, timeout_s: float) -> None:
+        self._check_ready()
+        self.writer.flush(timeout_s)
+
+    # ---------------------------------------------------------------- helpers
+    def _check_ready(self) -> None:
+        if not self.ready:
+            if self._closed:
+                raise ContainerNotReady(f"container {self.container_id} is stopped")
+            self.wait_ready(0)
+
+    def _submit(self, op: ops.Operation) -> Outcome:
+        self._check_ready()
+        future: Future[Outcome] = self.durable_log.add(op)
+        return future.result()
+
+    # ------------------------------------------------------------- operations
+    def create(self, name: str, *, rollover_bytes: int | None) -> SegmentInfo:
+        if rollover_bytes is not None and not 0 < rollover_bytes <= _INT64_MAX:
+            raise InvalidArgument(f"rollover_bytes must be a positive int64, got {rollover_bytes}")
+        self._submit(ops.CreateSegment(name=name, created=time.time(), rollover_bytes=rollover_bytes))
+        return self.metadata.info(name)
+
+    def append(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        expected_offset: int | None,
+        writer_id: uuid.UUID | None,
+        event_number: int | None,
+        event_count: int,
+    ) -> AppendResult:
+        if not data:
+            raise InvalidArgument("an append needs at least one byte")
+        if len(data) > self.settings.max_append_bytes:
+            raise PayloadTooLarge(
+                f"append of {len(data)} bytes is over max_append_bytes={self.settings.max_append_bytes}"
+            )
+        if (writer_id is None) != (event_number is None):
+            raise InvalidArgument("Writer-Id and Event-Number go together")
+        if event_number is not None and not 0 <= event_number <= _INT64_MAX:
+            raise InvalidArgument(f"event number must be an int64 >= 0, got {event_number}")
+        if not 1 <= event_count <= 2**32 - 1:
+            raise InvalidArgument(f"event count must be from 1 to 2^32-1, got {event_count}")
+        if expected_offset is not None and not 0 <= expected_offset <= _INT64_MAX:
+            raise InvalidArgument(f"expected offset must be an int64 >= 0, got {expected_offset}")
+        self._check_ready()
+        if self.metadata.unflushed_bytes() + len(data) > self._backlog_max:
+            raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
+        op = ops.Append(
+            name=name,
+            data=data,
+            expected_offset=expected_offset,
+            writer_id=writer_id,
+            event_number=event_number,
+            event_count=event_count,
+        )
+        outcome = self._submit(op)
+        info = self.metadata.info(name)
+        if outcome.duplicate_of is not None:
+            return AppendResult(None, True, outcome.duplicate_of, info)
+        return AppendResult(op.offset, False, event_number, info)
+
+    def info(self, name: str) -> SegmentInfo:
+        self._check_ready()
+        return self.metadata.info(name)
+
+    def seal(self, name: str) -> SegmentInfo:
+        self._submit(ops.Seal(name=name))
+        return self.metadata.info(name)
+
+    def truncate(self, name: str, offset: int) -> SegmentInfo:
+        if not 0 <= offset <= _INT64_MAX:
+            raise InvalidArgument(f"truncate offset must be an int64 >= 0, got {offset}")
+        self._submit(ops.Truncate(name=name, offset=offset))
+        return self.metadata.info(name)
+
+    def delete(self, name: str) -> None:
+        self._submit(ops.Delete(name=name))
+
+    def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
+        self._check_ready()
+        with self.metadata.lock:
+            return self.metadata.by_name(name).attributes.get(str(writer_id))
+
+    def list(self, prefix: str, after: str | None, limit: int) -> list[SegmentInfo]:
+        self._check_ready()
+        with self.metadata.lock:
+            names = sorted(
+                n for n in self.metadata.names if n.startswith(prefix) and (after is None or n > after)
+            )[:limit]
+            return [self.metadata.by_name(n).info() for n in names]
+
+    # ------------------------------------------------------------------ reads
+    def read(
+        self, name: str, offset: int | None, max_length: int | None, *, wait_s: float
+    ) -> ReadResult:
+        self._check_ready()
+        if max_length is not None and max_length < 0:
+            raise InvalidArgument(f"read length must be >= 0, got {max_length}")
+        if not 0 <= wait_s <= self.settings.tail_wait_max_s:
+            raise InvalidArgument(f"wait must be from 0 to {self.settings.tail_wait_max_s} seconds")
+        limit = self.settings.max_read_bytes
+        if max_length is not None:
+            limit = min(limit, max_length)
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.metadata.lock:
+                seg = self.metadata.by_name(name)
+                info = seg.info()
+            start = info.start_offset if offset is None else offset
+            if start < info.start_offset:
+                raise SegmentTruncated(
+                    f"offset {start} is below the start offset {info.start_offset}", segment=info
+                )
+            if start > info.length:
+                raise BadOffset(f"offset {start} is past the length {info.length}", segment=info)
+            if start < info.length and limit > 0:
+                count = min(limit, info.length - start)
+                data = self._read_range(seg.segment_id, name, info, start, count)
+                return ReadResult(data, start, start + len(data), info)
+            remaining = deadline - time.monotonic()
+            if info.sealed or limit == 0 or remaining <= 0:
+                return ReadResult(b"", start, start, info)
+            self._wait_for_change(seg.segment_id, info.length, remaining)
+            offset = start
+
+    def _wait_for_change(self, segment_id: int, length: int, timeout_s: float) -> None:
+        waiter = self.read_index.register_waiter(segment_id)
+        try:
+            with self.metadata.lock:
+                seg = self.metadata.segments.get(segment_id)
+                changed = seg is None or seg.deleted or seg.length != length or seg.sealed
+            if not changed:
+                with contextlib.suppress(TimeoutError):
+                    waiter.result(timeout_s)
+        finally:
+            self.read_index.discard_waiter(segment_id, waiter)
+        if self._closed:
+            raise ContainerNotReady(f"container {self.container_id} is stopping")
+
+    def _read_range(
+        self, segment_id: int, name: str, info: SegmentInfo, start: int, count: int
+    ) -> bytes:
+        """``count`` bytes from ``start``: cached first, the gaps from Tier 2."""
+        parts: list[bytes] = []
+        pos, end = start, start + count
+        while pos < end:
+            cached = self.read_index.read(segment_id, pos, end - pos)
+            if cached:
+                parts.append(cached)
+                pos += len(cached)
+                continue
+            parts.append(self._read_tier2(segment_id, name, info, pos, end))
+            pos += len(parts[-1])
+        return b"".join(parts)
+
+    def _read_tier2(self, segment_id: int, name: str, info: SegmentInfo, pos: int, end: int) -> bytes:
+        """Fetch an evicted range from Tier 2 in aligned blocks and cache it."""
+        block = self.settings.cache_block_bytes
+        fetch_from = pos - pos % block
+        fetch_to = min(fetch_from + block * max(1, -(-(end - fetch_from) // block)), info.storage_length)
+        next_cached = self.read_index.next_cached(segment_id, pos)
+        if next_cached is not None:
+            fetch_to = min(fetch_to, next_cached)
+        key = segment_object_key(self.container_id, name, segment_id)
+        data = run_blocking(self.storage.read, key, fetch_from, fetch_to - fetch_from)
+        if len(data) < pos - fetch_from + 1:
+            with self.metadata.lock:
+                gone = segment_id not in self.metadata.segments
+            if gone:
+                raise SegmentNotFound(f"segment {name!r} was deleted")
+            raise DataCorrupted(
+                f"segment {name!r}: Tier 2 returned {len(data)} bytes at {fetch_from}, "
+                f"needed up to {pos + 1}"
+            )
+        self.read_index.insert(segment_id, fetch_from, data)
+        with self.metadata.lock:
+            lengths = {s.segment_id: s.storage_length for s in self.metadata.segments.values()}
+        self.read_index.evict(lengths)
+        return data[pos - fetch_from : end - fetch_from]

@@ -1,0 +1,141 @@
+"""FileDataLog: Tier 1 on local files (seed 000 "Durable Data Log", local file system).
+
+The log is a folder of files named after their first frame sequence number
+(see ``engine.naming``). A write goes to the newest file followed by
+``fdatasync``; a new file is started once the current one passes
+``file_bytes`` (a write never spans files). Truncation deletes whole files.
+On recovery a torn or corrupt write at the end of the newest file is cut off;
+anything wrong before that is corruption and stops the container.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.durable_log import frames
+from engine.errors import DataCorrupted
+from engine.naming import log_file_name, parse_log_file_name
+
+log = logging.getLogger(__name__)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileDataLog:
+    """A folder of append-only log files; blocking, single writer."""
+
+    def __init__(self, folder: Path, *, file_bytes: int, max_frame_bytes: int = 1 << 20) -> None:
+        self.folder = Path(folder)
+        self.file_bytes = file_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self._files: list[tuple[int, Path]] = []  # (first frame seq, path), oldest first
+        self._fd: int | None = None
+        self._size = 0
+        self._next_seq = 0
+        self._broken: str | None = None
+
+    def _scan(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        found = []
+        for entry in self.folder.iterdir():
+            seq = parse_log_file_name(entry.name)
+            if seq is not None:
+                found.append((seq, entry))
+        self._files = sorted(found)
+
+    def recover(self) -> Iterator[frames.Batch]:
+        self._scan()
+        expected: int | None = None
+        for index, (first_seq, path) in enumerate(self._files):
+            newest = index == len(self._files) - 1
+            if expected is not None and first_seq != expected:
+                raise DataCorrupted(f"{path.name}: starts at frame {first_seq}, expected {expected}")
+            data = path.read_bytes()
+            end = 0
+            expected = first_seq
+            try:
+                for batch in frames.iter_batches(data, first_seq):
+                    end = batch.end
+                    expected = batch.first_frame_seq + batch.frame_count
+                    yield batch
+            except frames.TornTail as torn:
+                if not newest:
+                    raise DataCorrupted(f"{path.name}: {torn} (not the newest log file)") from None
+                log.warning("%s: cutting off a torn write (%s)", path, torn)
+                with open(path, "r+b") as fh:
+                    fh.truncate(torn.position)
+                    os.fdatasync(fh.fileno())
+                end = torn.position
+            if newest:
+                self._size = end
+        self._next_seq = expected if expected is not None else 0
+
+    def _open_current(self) -> None:
+        if not self._files or self._size >= self.file_bytes:
+            path = self.folder / log_file_name(self._next_seq)
+            self._close_fd()
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            _fsync_dir(self.folder)
+            self._files.append((self._next_seq, path))
+            self._size = 0
+        elif self._fd is None:
+            self._fd = os.open(self._files[-1][1], os.O_WRONLY)
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        if self._broken:
+            raise OSError(f"Tier 1 log is unusable: {self._broken}")
+        self._open_current()
+        assert self._fd is not None
+        first = self._next_seq
+        buf, count = frames.encode_batch(payload, first, self.max_frame_bytes)
+        start = self._size
+        try:
+            view = memoryview(buf)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except OSError:
+            self._undo(start)
+            raise
+        self._size += len(buf)
+        self._next_seq += count
+        return first, count
+
+    def _undo(self, start: int) -> None:
+        """Cut a failed write off so the log stays a sequence of whole writes."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, start)
+            os.lseek(self._fd, start, os.SEEK_SET)
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._broken = f"a failed write could not be undone: {exc}"
+            log.error("Tier 1 %s: %s", self.folder, self._broken)
+
+    def truncate(self, frame_seq: int) -> int:
+        freed = 0
+        while len(self._files) > 1 and self._files[1][0] <= frame_seq:
+            _, path = self._files.pop(0)
+            freed += path.stat().st_size
+            path.unlink()
+        if freed:
+            _fsync_dir(self.folder)
+        return freed
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        self._close_fd()

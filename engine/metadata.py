@@ -1,0 +1,308 @@
+"""Container and segment metadata (seed 000 "Segment Container Metadata").
+
+``ContainerMetadata`` is the committed state: it changes only through
+``apply`` (an operation made durable, or replayed in recovery) and through
+the storage writer (storage length, sealed in storage, collection of deleted
+segments). ``MetadataUpdater`` is the operation processor's scratch view of
+one batch: it validates requests against committed state plus the batch's
+earlier operations, assigns offsets and sequence numbers, and is thrown away
+if the Tier 1 write fails (that is the rollback).
+
+Invariants, asserted on every change:
+``0 <= start_offset <= length``, ``storage_length <= length``, start offset
+and length never decrease, sequence numbers strictly increase.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine import operations as ops
+from engine.errors import (
+    BadOffset,
+    ConditionalCheckFailed,
+    InvalidArgument,
+    SegmentExists,
+    SegmentNotFound,
+    SegmentSealed,
+)
+from engine.types import SegmentInfo
+
+
+@dataclass(slots=True)
+class SegmentMetadata:
+    segment_id: int
+    name: str
+    created: float
+    rollover_bytes: int | None = None
+    start_offset: int = 0
+    storage_length: int = 0
+    length: int = 0
+    last_modified: float = 0.0
+    sealed: bool = False
+    sealed_in_storage: bool = False
+    deleted: bool = False
+    event_count: int = 0
+    # Writer ids (UUID strings) -> last event number stored with an append.
+    attributes: dict[str, int] = field(default_factory=dict)
+
+    def check(self) -> None:
+        assert 0 <= self.start_offset <= self.length, self
+        assert 0 <= self.storage_length <= self.length, self
+        assert self.event_count >= 0, self
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(
+            name=self.name,
+            segment_id=self.segment_id,
+            length=self.length,
+            start_offset=self.start_offset,
+            storage_length=self.storage_length,
+            sealed=self.sealed,
+            event_count=self.event_count,
+            created=self.created,
+            last_modified=self.last_modified or self.created,
+        )
+
+    def apply(self, op: ops.SegmentOperation) -> None:
+        """Apply a validated operation of this segment."""
+        assert op.segment_id == self.segment_id, (op, self.segment_id)
+        if isinstance(op, ops.Append):
+            assert op.offset == self.length, f"append at {op.offset}, length {self.length}"
+            assert not self.sealed and not self.deleted
+            self.length += op.length
+            self.last_modified = op.timestamp
+            self.event_count += op.event_count
+            if op.writer_id is not None:
+                key = str(op.writer_id)
+                assert op.event_number is not None
+                assert op.event_number > self.attributes.get(key, -1)
+                self.attributes[key] = op.event_number
+        elif isinstance(op, ops.Seal):
+            self.sealed = True
+        elif isinstance(op, ops.Truncate):
+            assert op.offset <= self.length
+            self.start_offset = max(self.start_offset, op.offset)
+        elif isinstance(op, ops.Delete):
+            self.deleted = True
+        elif isinstance(op, ops.UpdateAttributes):
+            self.attributes.update(op.attributes)
+        else:
+            raise AssertionError(f"not a segment operation: {op!r}")
+        self.check()
+
+
+class ContainerMetadata:
+    """Committed metadata of one container; ``lock`` guards every read and change."""
+
+    def __init__(self, container_id: int) -> None:
+        self.container_id = container_id
+        self.epoch = 0
+        self.seq = 0  # the last sequence number assigned
+        self.next_segment_id = 1
+        self.segments: dict[int, SegmentMetadata] = {}
+        self.names: dict[str, int] = {}  # live (not deleted) names only
+        self.lock = threading.RLock()
+
+    # --------------------------------------------------------------- lookups
+    def by_name(self, name: str) -> SegmentMetadata:
+        with self.lock:
+            seg_id = self.names.get(name)
+            if seg_id is None:
+                raise SegmentNotFound(f"segment {name!r} does not exist")
+            return self.segments[seg_id]
+
+    def info(self, name: str) -> SegmentInfo:
+        with self.lock:
+            return self.by_name(name).info()
+
+    def unflushed_bytes(self) -> int:
+        with self.lock:
+            return sum(s.length - s.storage_length for s in self.segments.values() if not s.deleted)
+
+    # --------------------------------------------------------------- changes
+    def apply(self, op: ops.Operation) -> None:
+        """Apply one durable operation (commit or recovery)."""
+        with self.lock:
+            assert op.seq > self.seq or isinstance(op, ops.MetadataCheckpoint), (op.seq, self.seq)
+            self.seq = max(self.seq, op.seq)
+            if isinstance(op, ops.CreateSegment):
+                assert op.name not in self.names, op.name
+                assert op.segment_id >= self.next_segment_id, (op.segment_id, self.next_segment_id)
+                self.segments[op.segment_id] = SegmentMetadata(
+                    op.segment_id, op.name, op.created, op.rollover_bytes
+                )
+                self.names[op.name] = op.segment_id
+                self.next_segment_id = op.segment_id + 1
+            elif isinstance(op, ops.SegmentOperation):
+                seg = self.segments[op.segment_id]
+                seg.apply(op)
+                if isinstance(op, ops.Delete):
+                    del self.names[seg.name]
+
+    def set_storage_length(self, segment_id: int, storage_length: int) -> None:
+        """The storage writer made ``storage_length`` bytes durable in Tier 2."""
+        with self.lock:
+            seg = self.segments[segment_id]
+            assert storage_length >= seg.storage_length, (storage_length, seg.storage_length)
+            seg.storage_length = storage_length
+            seg.check()
+
+    def reconcile_storage_length(self, segment_id: int, storage_length: int) -> None:
+        """Recovery: take the length Tier 2 really has (the checkpoint's may be older)."""
+        with self.lock:
+            seg = self.segments[segment_id]
+            seg.storage_length = storage_length
+            seg.check()
+
+    def mark_sealed_in_storage(self, segment_id: int) -> None:
+        with self.lock:
+            self.segments[segment_id].sealed_in_storage = True
+
+    def forget(self, segment_id: int) -> None:
+        """Drop a deleted segment whose Tier 2 data is gone."""
+        with self.lock:
+            seg = self.segments.pop(segment_id)
+            assert seg.deleted, seg
+
+    # ----------------------------------------------------------- checkpoints
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "container_id": self.container_id,
+                "epoch": self.epoch,
+                "next_segment_id": self.next_segment_id,
+                "segments": [asdict(s) for s in self.segments.values()],
+            }
+
+    def restore(self, snapshot: dict[str, Any], seq: int) -> None:
+        with self.lock:
+            assert snapshot["container_id"] == self.container_id, snapshot["container_id"]
+            self.epoch = snapshot["epoch"]
+            self.next_segment_id = snapshot["next_segment_id"]
+            self.seq = seq
+            self.segments = {}
+            self.names = {}
+            for raw in snapshot["segments"]:
+                seg = SegmentMetadata(**raw)
+                seg.check()
+                self.segments[seg.segment_id] = seg
+                if not seg.deleted:
+                    self.names[seg.name] = seg.segment_id
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a processed request resolves to once its batch is durable.
+
+    ``logged`` False: nothing was written (a duplicate, or a no-op such as
+    sealing a sealed segment); the answer still waits for the batch so that it
+    never reports state that a failed write would undo.
+    """
+
+    logged: bool
+    duplicate_of: int | None = None
+
+
+class MetadataUpdater:
+    """One batch's view of the metadata: validate, assign, and stage changes."""
+
+    def __init__(self, base: ContainerMetadata) -> None:
+        self.base = base
+        self.seq = base.seq
+        self.next_segment_id = base.next_segment_id
+        self._segments: dict[int, SegmentMetadata] = {}
+        self._names: dict[str, int | None] = {}
+
+    def _lookup(self, name: str) -> SegmentMetadata:
+        seg_id = self._names[name] if name in self._names else self.base.names.get(name)
+        if seg_id is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist")
+        if seg_id not in self._segments:
+            self._segments[seg_id] = copy.deepcopy(self.base.segments[seg_id])
+        return self._segments[seg_id]
+
+    def segment_info(self, name: str) -> SegmentInfo:
+        return self._lookup(name).info()
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def pre_process(self, op: ops.Operation) -> Outcome:
+        """Validate ``op`` and stage it; raise a SegstoreError if it must be refused."""
+        with self.base.lock:
+            if isinstance(op, ops.MetadataCheckpoint):
+                op.seq = self.next_seq()
+                return Outcome(True)
+            assert isinstance(op, ops.SegmentOperation)
+            if isinstance(op, ops.CreateSegment):
+                return self._create(op)
+            seg = self._lookup(op.name)
+            op.segment_id = seg.segment_id
+            outcome = self._validate(op, seg)
+            if outcome.logged:
+                op.seq = self.next_seq()
+                seg.apply(op)
+                if isinstance(op, ops.Delete):
+                    self._names[seg.name] = None
+            return outcome
+
+    def _create(self, op: ops.CreateSegment) -> Outcome:
+        try:
+            self._lookup(op.name)
+        except SegmentNotFound:
+            pass
+        else:
+            raise SegmentExists(f"segment {op.name!r} already exists")
+        op.segment_id = self.next_segment_id
+        self.next_segment_id += 1
+        op.seq = self.next_seq()
+        self._segments[op.segment_id] = SegmentMetadata(
+            op.segment_id, op.name, op.created, op.rollover_bytes
+        )
+        self._names[op.name] = op.segment_id
+        return Outcome(True)
+
+    def _validate(self, op: ops.SegmentOperation, seg: SegmentMetadata) -> Outcome:
+        if isinstance(op, ops.Append):
+            if seg.sealed:
+                raise SegmentSealed(f"segment {seg.name!r} is sealed", segment=seg.info())
+            if op.expected_offset is not None and op.expected_offset != seg.length:
+                raise ConditionalCheckFailed(
+                    f"expected offset {op.expected_offset}, but the length is {seg.length}",
+                    segment=seg.info(),
+                )
+            if op.writer_id is not None:
+                last = seg.attributes.get(str(op.writer_id))
+                assert op.event_number is not None
+                if last is not None and op.event_number <= last:
+                    return Outcome(False, duplicate_of=last)
+            op.offset = seg.length
+            op.timestamp = time.time()
+            return Outcome(True)
+        if isinstance(op, ops.Seal):
+            return Outcome(not seg.sealed)
+        if isinstance(op, ops.Truncate):
+            if op.offset > seg.length:
+                error = SegmentSealed if seg.sealed else BadOffset
+                raise error(
+                    f"truncate offset {op.offset} is past the length {seg.length}",
+                    segment=seg.info(),
+                )
+            return Outcome(op.offset > seg.start_offset)
+        if isinstance(op, ops.UpdateAttributes):
+            for key, value in op.attributes.items():
+                if not -(2**63) <= value < 2**63:
+                    raise InvalidArgument(f"attribute {key} value {value} is not an int64")
+            return Outcome(True)
+        return Outcome(True)
+
+    def burn_sequence_numbers(self) -> None:
+        """After a failed write: sequence numbers are never reused (seed 000)."""
+        with self.base.lock:
+            self.base.seq = max(self.base.seq, self.seq)

@@ -1,0 +1,193 @@
+"""Log operations: the closed set the durable log records, and their one serializer.
+
+Seed 000 "Log Operations". Layout of one serialized operation (big-endian):
+
+    type u8 | sequence number u64 | body length u32 | body
+
+The append body is binary (it is the hot path and carries raw bytes):
+
+    segment id u64 | offset u64 | timestamp f64 | event number i64 (-1: none)
+    | event count u32 | has writer u8 | [writer id 16 bytes] | data
+
+Every other body is UTF-8 JSON of the operation's fields.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from engine.errors import DataCorrupted
+
+_HEADER = struct.Struct(">BQI")
+_APPEND = struct.Struct(">QQdqIB")
+
+
+class OpType(IntEnum):
+    CREATE = 1
+    APPEND = 2
+    SEAL = 3
+    TRUNCATE = 4
+    DELETE = 5
+    ATTRIBUTES = 6
+    CHECKPOINT = 7
+
+
+@dataclass(slots=True, kw_only=True)
+class Operation:
+    """Base of every log operation; ``seq`` is assigned by the operation processor."""
+
+    seq: int = -1
+
+
+@dataclass(slots=True, kw_only=True)
+class SegmentOperation(Operation):
+    """An operation on one segment. Requests name it; the processor resolves the id."""
+
+    name: str = ""
+    segment_id: int = -1
+
+
+@dataclass(slots=True, kw_only=True)
+class CreateSegment(SegmentOperation):
+    """Map a new name to a new segment id (StreamSegmentMapOperation)."""
+
+    created: float = 0.0
+    rollover_bytes: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Append(SegmentOperation):
+    """Append bytes; with a writer id, the event number is stored atomically with them.
+
+    ``expected_offset`` is a request condition only and is not serialized.
+    ``data`` is dropped (None) once the bytes are in the read index; ``length`` stays.
+    """
+
+    data: bytes | None = None
+    length: int = 0
+    offset: int = -1
+    timestamp: float = 0.0
+    writer_id: uuid.UUID | None = None
+    event_number: int | None = None
+    event_count: int = 1
+    expected_offset: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.data is not None:
+            self.length = len(self.data)
+
+
+@dataclass(slots=True, kw_only=True)
+class Seal(SegmentOperation):
+    pass
+
+
+@dataclass(slots=True, kw_only=True)
+class Truncate(SegmentOperation):
+    offset: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Delete(SegmentOperation):
+    pass
+
+
+@dataclass(slots=True, kw_only=True)
+class UpdateAttributes(SegmentOperation):
+    """Set attributes (UUID string -> int64), e.g. a writer's last event number."""
+
+    attributes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class MetadataCheckpoint(Operation):
+    """A snapshot of the container metadata; recovery may start here."""
+
+    snapshot: dict[str, Any] = field(default_factory=dict)
+
+
+_TYPES: dict[type[Operation], OpType] = {
+    CreateSegment: OpType.CREATE,
+    Append: OpType.APPEND,
+    Seal: OpType.SEAL,
+    Truncate: OpType.TRUNCATE,
+    Delete: OpType.DELETE,
+    UpdateAttributes: OpType.ATTRIBUTES,
+    MetadataCheckpoint: OpType.CHECKPOINT,
+}
+_JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
+    OpType.CREATE: (CreateSegment, ("name", "segment_id", "created", "rollover_bytes")),
+    OpType.SEAL: (Seal, ("name", "segment_id")),
+    OpType.TRUNCATE: (Truncate, ("name", "segment_id", "offset")),
+    OpType.DELETE: (Delete, ("name", "segment_id")),
+    OpType.ATTRIBUTES: (UpdateAttributes, ("name", "segment_id", "attributes")),
+    OpType.CHECKPOINT: (MetadataCheckpoint, ("snapshot",)),
+}
+
+
+def encode(op: Operation) -> bytes:
+    """Serialize one operation (its sequence number must be assigned)."""
+    assert op.seq >= 0, f"operation {op!r} has no sequence number"
+    kind = _TYPES[type(op)]
+    if kind is OpType.APPEND:
+        assert isinstance(op, Append) and op.data is not None and op.offset >= 0
+        writer = op.writer_id.bytes if op.writer_id is not None else b""
+        event = -1 if op.event_number is None else op.event_number
+        head = _APPEND.pack(
+            op.segment_id, op.offset, op.timestamp, event, op.event_count, len(writer) // 16
+        )
+        body_len = len(head) + len(writer) + len(op.data)
+        return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, op.data))
+    fields_ = _JSON_FIELDS[kind][1]
+    body = json.dumps({f: getattr(op, f) for f in fields_}, separators=(",", ":")).encode()
+    return _HEADER.pack(kind, op.seq, len(body)) + body
+
+
+def decode_all(payload: bytes | memoryview) -> list[Operation]:
+    """Parse the operations packed back to back in ``payload`` (one Tier 1 write)."""
+    view = memoryview(payload)
+    ops: list[Operation] = []
+    pos = 0
+    while pos < len(view):
+        if len(view) - pos < _HEADER.size:
+            raise DataCorrupted(f"truncated operation header at byte {pos}")
+        kind_raw, seq, body_len = _HEADER.unpack_from(view, pos)
+        pos += _HEADER.size
+        body = view[pos : pos + body_len]
+        if len(body) != body_len:
+            raise DataCorrupted(f"operation {seq} is cut short")
+        pos += body_len
+        try:
+            kind = OpType(kind_raw)
+        except ValueError:
+            raise DataCorrupted(f"unknown operation type {kind_raw}") from None
+        ops.append(_decode_body(kind, seq, body))
+    return ops
+
+
+def _decode_body(kind: OpType, seq: int, body: memoryview) -> Operation:
+    if kind is OpType.APPEND:
+        seg, offset, ts, event, count, has_writer = _APPEND.unpack_from(body, 0)
+        pos = _APPEND.size
+        writer = None
+        if has_writer:
+            writer = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
+            pos += 16
+        return Append(
+            seq=seq,
+            segment_id=seg,
+            offset=offset,
+            timestamp=ts,
+            event_number=None if event < 0 else event,
+            event_count=count,
+            writer_id=writer,
+            data=bytes(body[pos:]),
+        )
+    cls, fields_ = _JSON_FIELDS[kind]
+    values = json.loads(bytes(body))
+    return cls(seq=seq, **{f: values[f] for f in fields_})

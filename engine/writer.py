@@ -1,0 +1,200 @@
+"""StorageWriter: moves committed operations to Tier 2 (seed 000 "Storage Writer").
+
+It reads the in-memory operation log in order and keeps one aggregator per
+segment. An aggregator is flushed when it holds ``flush_threshold_bytes``,
+is ``flush_threshold_ms`` old, or carries a seal or delete. A flush writes
+the segment's bytes from its storage length up to the last append seen
+(read from the read index), then advances the storage length. Bytes below
+the storage length are never written again, which makes replay after a
+crash idempotent. Tier 2 errors are retried with exponential backoff; the
+bytes stay in Tier 1 and the cache meanwhile. After each round Tier 1 is
+truncated below the lowest sequence number not yet in Tier 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from engine import operations as ops
+from engine.blocking import run_blocking
+from engine.config import Settings
+from engine.durable_log.durable_log import DurableLog
+from engine.errors import SegstoreError
+from engine.metadata import ContainerMetadata
+from engine.metrics import EngineMetrics
+from engine.naming import segment_object_key
+from engine.read_index import ReadIndex
+from engine.tier2 import ChunkStorage
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_MAX_S = 10.0
+
+
+@dataclass(slots=True)
+class _Aggregator:
+    first_seq: int
+    first_time: float
+    end: int = 0
+    seal: bool = False
+    delete: bool = False
+
+
+class StorageWriter:
+    """One container's background flusher from Tier 1 to Tier 2."""
+
+    def __init__(
+        self,
+        container_id: int,
+        settings: Settings,
+        durable_log: DurableLog,
+        metadata: ContainerMetadata,
+        read_index: ReadIndex,
+        storage: ChunkStorage,
+        metrics: EngineMetrics,
+    ) -> None:
+        self.container_id = container_id
+        self.settings = settings
+        self.durable_log = durable_log
+        self.metadata = metadata
+        self.read_index = read_index
+        self.storage = storage
+        self.metrics = metrics
+        self._aggregators: dict[int, _Aggregator] = {}
+        self._last_seq = 0
+        self._truncated_below = 0
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._force = False
+        self._thread: threading.Thread | None = None
+
+    def key(self, segment_id: int) -> str:
+        with self.metadata.lock:
+            name = self.metadata.segments[segment_id].name
+        return segment_object_key(self.container_id, name, segment_id)
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        with self.metadata.lock:
+            deleted = [s.segment_id for s in self.metadata.segments.values() if s.deleted]
+        for segment_id in deleted:  # deleted before the checkpoint we recovered from
+            self._aggregators[segment_id] = _Aggregator(0, 0.0, delete=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"writer-{self.container_id}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.durable_log.memory_log.close()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every operation committed so far is applied to Tier 2."""
+        with self.metadata.lock:
+            target = self.metadata.seq
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._last_seq < target or self._aggregators:
+                self._force = True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    raise TimeoutError(f"container {self.container_id}: Tier 2 flush timed out")
+                self._cond.wait(min(remaining, 0.05))
+
+    # ------------------------------------------------------------------- loop
+    def _run(self) -> None:
+        backoff = 0.0
+        poll_s = max(0.005, min(self.settings.flush_threshold_ms / 4000, 0.25))
+        while not self._stop.is_set():
+            batch = self.durable_log.read(self._last_seq, 4096, 0 if self._force else poll_s)
+            for op in batch:
+                self._accept(op)
+                self._last_seq = op.seq
+            try:
+                self._flush_due()
+            except (OSError, SegstoreError) as exc:
+                self.metrics.tier2_errors.inc()
+                backoff = min(max(0.1, backoff * 2), _BACKOFF_MAX_S)
+                log.warning("container %d: Tier 2 flush failed (%s); retrying in %.1fs",
+                            self.container_id, exc, backoff)
+                self._stop.wait(backoff)
+                continue
+            backoff = 0.0
+            self._after_round()
+
+    def _accept(self, op: ops.Operation) -> None:
+        if not isinstance(op, ops.Append | ops.Seal | ops.Delete):
+            return
+        agg = self._aggregators.get(op.segment_id)
+        if agg is None:
+            agg = self._aggregators[op.segment_id] = _Aggregator(op.seq, time.monotonic())
+        if isinstance(op, ops.Append):
+            agg.end = max(agg.end, op.offset + op.length)
+        elif isinstance(op, ops.Seal):
+            agg.seal = True
+        else:
+            agg.delete = True
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        age_s = self.settings.flush_threshold_ms / 1000
+        for segment_id, agg in list(self._aggregators.items()):
+            with self.metadata.lock:
+                seg = self.metadata.segments.get(segment_id)
+                storage_length = seg.storage_length if seg else 0
+            if seg is None:
+                del self._aggregators[segment_id]
+                continue
+            due = (
+                self._force
+                or agg.seal
+                or agg.delete
+                or agg.end - storage_length >= self.settings.flush_threshold_bytes
+                or now - agg.first_time >= age_s
+            )
+            if due:
+                self._flush(segment_id, agg)
+                del self._aggregators[segment_id]
+
+    def _flush(self, segment_id: int, agg: _Aggregator) -> None:
+        key = self.key(segment_id)
+        if agg.delete:
+            run_blocking(self.storage.delete, key)
+            self.read_index.drop_segment(segment_id)
+            self.metadata.forget(segment_id)
+            return
+        with self.metadata.lock:
+            start = self.metadata.segments[segment_id].storage_length
+        step = max(self.settings.flush_threshold_bytes, 1)
+        while start < agg.end:
+            data = self.read_index.read(segment_id, start, min(agg.end - start, step))
+            assert data, f"segment {segment_id}: unflushed bytes at {start} are not cached"
+            run_blocking(self.storage.write, key, start, data)
+            start += len(data)
+            self.metadata.set_storage_length(segment_id, start)
+            self.metrics.tier2_flush_bytes.inc(len(data))
+        if agg.seal:
+            self.metadata.mark_sealed_in_storage(segment_id)
+
+    def _after_round(self) -> None:
+        lowest = min((a.first_seq for a in self._aggregators.values()), default=self._last_seq + 1)
+        if lowest > self._truncated_below:
+            self.durable_log.truncate(lowest)
+            self._truncated_below = lowest
+        with self.metadata.lock:
+            lengths = {s.segment_id: s.storage_length for s in self.metadata.segments.values()}
+            lag = sum(s.length - s.storage_length for s in self.metadata.segments.values())
+        if self.read_index.cache.size > self.read_index.cache.max_bytes:
+            self.read_index.evict(lengths)
+        label = str(self.container_id)
+        self.metrics.writer_lag_bytes.labels(label).set(lag)
+        self.metrics.cache_bytes.labels(label).set(self.read_index.cache.size)
+        with self._cond:
+            if not self._aggregators:
+                self._force = False
+            self._cond.notify_all()
