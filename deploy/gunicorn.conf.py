@@ -21,9 +21,12 @@ timeout = 120
 keepalive = 75
 loglevel = _settings.log_level
 accesslog = None
+# gunicorn's control socket sits at one fixed path per user, which two
+# servers on one machine (tests, benchmarks) would contend for.
+control_socket_disable = True
 
 
-def worker_exit(server, worker):  # noqa: ARG001 - gunicorn's hook signature
+def worker_exit(server, worker):
     """Close the engine so Tier 1 is released cleanly on shutdown."""
     app = getattr(worker, "wsgi", None)
     store = getattr(app, "extensions", {}).get("segstore") if app is not None else None

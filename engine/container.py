@@ -181,7 +181,7 @@ class SegmentContainer:
         if expected_offset is not None and not 0 <= expected_offset <= _INT64_MAX:
             raise InvalidArgument(f"expected offset must be an int64 >= 0, got {expected_offset}")
         self._check_ready()
-        if self.metadata.unflushed_bytes() + len(data) > self._backlog_max:
+        if self.metadata.unflushed_bytes + len(data) > self._backlog_max:
             raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
         op = ops.Append(
             name=name,
@@ -311,7 +311,5 @@ class SegmentContainer:
                 f"needed up to {pos + 1}"
             )
         self.read_index.insert(segment_id, fetch_from, data)
-        with self.metadata.lock:
-            lengths = {s.segment_id: s.storage_length for s in self.metadata.segments.values()}
-        self.read_index.evict(lengths)
+        self.read_index.evict(self.metadata.storage_lengths())
         return data[pos - fetch_from : end - fetch_from]

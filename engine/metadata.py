@@ -106,6 +106,7 @@ class ContainerMetadata:
         self.next_segment_id = 1
         self.segments: dict[int, SegmentMetadata] = {}
         self.names: dict[str, int] = {}  # live (not deleted) names only
+        self.unflushed_bytes = 0  # sum of length - storage_length over live segments
         self.lock = threading.RLock()
 
     # --------------------------------------------------------------- lookups
@@ -120,9 +121,10 @@ class ContainerMetadata:
         with self.lock:
             return self.by_name(name).info()
 
-    def unflushed_bytes(self) -> int:
+    def storage_lengths(self) -> dict[int, int]:
+        """Segment id -> storage length: what the cache may evict below."""
         with self.lock:
-            return sum(s.length - s.storage_length for s in self.segments.values() if not s.deleted)
+            return {s.segment_id: s.storage_length for s in self.segments.values()}
 
     # --------------------------------------------------------------- changes
     def apply(self, op: ops.Operation) -> None:
@@ -141,14 +143,20 @@ class ContainerMetadata:
             elif isinstance(op, ops.SegmentOperation):
                 seg = self.segments[op.segment_id]
                 seg.apply(op)
-                if isinstance(op, ops.Delete):
+                if isinstance(op, ops.Append):
+                    self.unflushed_bytes += op.length
+                elif isinstance(op, ops.Delete):
                     del self.names[seg.name]
+                    self.unflushed_bytes -= seg.length - seg.storage_length
 
     def set_storage_length(self, segment_id: int, storage_length: int) -> None:
         """The storage writer made ``storage_length`` bytes durable in Tier 2."""
         with self.lock:
             seg = self.segments[segment_id]
             assert storage_length >= seg.storage_length, (storage_length, seg.storage_length)
+            if not seg.deleted:
+                self.unflushed_bytes -= storage_length - seg.storage_length
+                assert self.unflushed_bytes >= 0, self.unflushed_bytes
             seg.storage_length = storage_length
             seg.check()
 
@@ -156,6 +164,7 @@ class ContainerMetadata:
         """Recovery: take the length Tier 2 really has (the checkpoint's may be older)."""
         with self.lock:
             seg = self.segments[segment_id]
+            self.unflushed_bytes += seg.storage_length - storage_length
             seg.storage_length = storage_length
             seg.check()
 
@@ -187,12 +196,14 @@ class ContainerMetadata:
             self.seq = seq
             self.segments = {}
             self.names = {}
+            self.unflushed_bytes = 0
             for raw in snapshot["segments"]:
                 seg = SegmentMetadata(**raw)
                 seg.check()
                 self.segments[seg.segment_id] = seg
                 if not seg.deleted:
                     self.names[seg.name] = seg.segment_id
+                    self.unflushed_bytes += seg.length - seg.storage_length
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,13 +186,10 @@ class StorageWriter:
         if lowest > self._truncated_below:
             self.durable_log.truncate(lowest)
             self._truncated_below = lowest
-        with self.metadata.lock:
-            lengths = {s.segment_id: s.storage_length for s in self.metadata.segments.values()}
-            lag = sum(s.length - s.storage_length for s in self.metadata.segments.values())
         if self.read_index.cache.size > self.read_index.cache.max_bytes:
-            self.read_index.evict(lengths)
+            self.read_index.evict(self.metadata.storage_lengths())
         label = str(self.container_id)
-        self.metrics.writer_lag_bytes.labels(label).set(lag)
+        self.metrics.writer_lag_bytes.labels(label).set(self.metadata.unflushed_bytes)
         self.metrics.cache_bytes.labels(label).set(self.read_index.cache.size)
         with self._cond:
             if not self._aggregators:
