@@ -1,0 +1,29 @@
+"""segstore's HTTP layer: a Flask app over one ``SegmentStore``.
+
+``create_app`` builds the store inside the calling process (a gunicorn
+worker, a test), starts its recovery in the background and serves requests
+at once: until recovery ends, ``/readyz`` and segment requests answer 503.
+Nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from app import errors, ops, segments
+from engine import SegmentStore, Settings, load_settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Build the app and its store (``settings`` default to ``load_settings()``)."""
+    settings = settings if settings is not None else load_settings()
+    app = Flask(__name__)
+    app.json.sort_keys = False
+    store = SegmentStore(settings)
+    store.start()
+    app.extensions["segstore"] = store
+    errors.register_error_handlers(app)
+    ops.install_request_metrics(app, store.registry)
+    app.register_blueprint(ops.bp)
+    app.register_blueprint(segments.bp)
+    return app

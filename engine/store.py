@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 
+from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.durable_log.file_log import FileDataLog
@@ -50,7 +51,7 @@ class SegmentStore:
     def start(self, *, wait: bool = False) -> None:
         """Lock the data directory and recover every container (in background threads)."""
         if not self._containers:
-            self._lock_data_dir()
+            run_blocking(self._lock_data_dir)
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
         for container in self._containers:
             container.start()

@@ -26,6 +26,7 @@ class LocalChunkStorage:
     def write(self, key: str, offset: int, data: bytes) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        created = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
@@ -40,6 +41,12 @@ class LocalChunkStorage:
             os.fdatasync(fd)
         finally:
             os.close(fd)
+        if created:  # the new file's directory entry must survive a power loss too
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     def read(self, key: str, offset: int, length: int) -> bytes:
         try:
