@@ -1,0 +1,136 @@
+"""Errors as RFC 9457 problem details: the one table from error code to HTTP status.
+
+Every error a request can meet (an engine error, a bad header, an unknown
+route, an unexpected exception) leaves as ``application/problem+json``
+``{"type", "title", "status", "code", "detail"}``, plus the segment's state
+headers when the error knows the segment, and ``Retry-After`` when throttled.
+A true internal error is logged with its stack trace; the body only says
+that it happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from flask import Flask, Response, json, request
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.http import HTTP_STATUS_CODES
+
+from engine import SegmentInfo, SegstoreError, Throttled
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+# code -> (HTTP status, title). API.md "Errors" lists the codes clients rely on.
+STATUS_BY_CODE: dict[str, tuple[int, str]] = {
+    "InvalidName": (400, "Invalid segment name"),
+    "InvalidHeader": (400, "Invalid header"),
+    "InvalidArgument": (400, "Invalid argument"),
+    "Unauthorized": (401, "Unauthorized"),
+    "Forbidden": (403, "Forbidden"),
+    "NotFound": (404, "Not found"),
+    "SegmentNotFound": (404, "Segment not found"),
+    "MethodNotAllowed": (405, "Method not allowed"),
+    "SegmentExists": (409, "Segment exists"),
+    "SegmentSealed": (409, "Segment sealed"),
+    "SegmentTruncated": (410, "Segment truncated"),
+    "ConditionalCheckFailed": (412, "Conditional check failed"),
+    "PayloadTooLarge": (413, "Payload too large"),
+    "OffsetOutOfRange": (416, "Offset out of range"),
+    "Throttled": (503, "Throttled"),
+    "StoreLocked": (503, "Store locked"),
+    "StorageFull": (507, "Storage full"),
+    "DataCorrupted": (500, "Data corrupted"),
+    "Internal": (500, "Internal error"),
+}
+
+
+class InvalidHeader(SegstoreError):
+    """A request header is malformed, out of range or missing its partner.
+
+    It lives here, not in the engine, because only HTTP knows headers.
+    """
+
+    code = "InvalidHeader"
+
+
+def segment_headers(info: SegmentInfo) -> dict[str, str]:
+    """The headers that carry a segment's state on every response that touches it."""
+    return {
+        "Segment-Length": str(info.length),
+        "Segment-Start-Offset": str(info.start_offset),
+        "Segment-Sealed": "true" if info.sealed else "false",
+    }
+
+
+def problem(
+    code: str, detail: str, *, headers: dict[str, str] | None = None, status: int | None = None
+) -> Response:
+    """Render one problem+json response for ``code``: status and title from the table.
+
+    A code outside the table (a rare werkzeug error) needs ``status``; its
+    title is then the HTTP reason phrase.
+    """
+    if code in STATUS_BY_CODE:
+        status, title = STATUS_BY_CODE[code]
+    else:
+        status = status or 500
+        title = HTTP_STATUS_CODES.get(status, "Error")
+    body = {
+        "type": f"urn:segstore:problem:{code}",
+        "title": title,
+        "status": status,
+        "code": code,
+        "detail": detail,
+    }
+    response = Response(json.dumps(body), status=status, content_type=PROBLEM_JSON)
+    response.headers.update(headers or {})
+    return response
+
+
+def render_segstore_error(err: SegstoreError) -> Response:
+    """Map an engine (or HTTP-layer) error to its status, with segment and retry headers."""
+    headers: dict[str, str] = {}
+    status = STATUS_BY_CODE.get(err.code, STATUS_BY_CODE["Internal"])[0]
+    if err.segment is not None:
+        headers.update(segment_headers(err.segment))
+        if status == 416:
+            headers["Content-Range"] = f"bytes */{err.segment.length}"
+    if isinstance(err, Throttled):
+        headers["Retry-After"] = str(max(0, math.ceil(err.retry_after_s)))
+    if status >= 500 and err.code not in ("Throttled", "StoreLocked", "StorageFull"):
+        log.error("%s: %s", err.code, err.detail)
+    return problem(err.code, err.detail, headers=headers)
+
+
+def render_http_exception(err: HTTPException) -> Response:
+    """Routing and protocol errors from werkzeug (404, 405, ...) as problems."""
+    status = err.code or 500
+    headers = {k: v for k, v in err.get_headers() if k.lower() == "allow"}
+    if isinstance(err, NotFound):
+        detail = err.description
+        if detail == NotFound.description:
+            detail = f"no resource at {request.path}"
+        return problem("NotFound", detail)
+    if isinstance(err, MethodNotAllowed):
+        allowed = ", ".join(err.valid_methods or [])
+        detail = f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
+        return problem("MethodNotAllowed", detail, headers=headers)
+    phrase = HTTP_STATUS_CODES.get(status, "Error")
+    code = "InvalidArgument" if status == 400 else "".join(phrase.title().split())
+    return problem(code, err.description or phrase, status=status)
+
+
+def render_unexpected(err: Exception) -> Response:
+    """Anything not raised on purpose: log it whole, answer 500 without internals."""
+    log.exception("unhandled error in request", exc_info=err)
+    return problem("Internal", "internal server error; the server log has the details")
+
+
+def register_error_handlers(app: Flask) -> None:
+    """Install the three handlers: engine errors, werkzeug HTTP errors, everything else."""
+    app.register_error_handler(SegstoreError, render_segstore_error)
+    app.register_error_handler(HTTPException, render_http_exception)
+    app.register_error_handler(Exception, render_unexpected)

@@ -1,0 +1,251 @@
+"""Strict parsing of request headers, query parameters and small JSON bodies.
+
+Python's ``int()`` takes ``" 7"``, ``"+7"``, ``"7_000"`` and non-ASCII digits;
+HTTP numbers are plain ASCII digits, so every number here is matched against
+a pattern first. A bad header is ``InvalidHeader``, a bad query parameter or
+body is ``InvalidArgument``, and each says which input was wrong and why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from flask import Request
+
+from app.errors import InvalidHeader
+from engine import InvalidArgument, PayloadTooLarge, SegstoreError
+
+INT64_MAX = 2**63 - 1
+# Small JSON bodies (create options, truncate offset) are read whole up to this size.
+MAX_JSON_BODY_BYTES = 64 * 1024
+_READ_PIECE_BYTES = 64 * 1024
+
+_DIGITS = re.compile(r"[0-9]+")
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_RANGE = re.compile(r"bytes=([0-9]+)-([0-9]*)", re.IGNORECASE)
+
+
+def _strip_ows(value: str) -> str:
+    """Header values may carry optional white space (space, tab) around them."""
+    return value.strip(" \t")
+
+
+def _show(text: str) -> str:
+    """An input quoted for an error detail, cut short so a huge one cannot bloat the answer."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _int_in_range(text: str, what: str, minimum: int, error: type[SegstoreError]) -> int:
+    if not _DIGITS.fullmatch(text):
+        raise error(f"{what} must be a decimal integer >= {minimum}, got {_show(text)}")
+    # A long digit string is out of range anyway; int() would refuse past 4300 digits.
+    value = int(text) if len(text) <= len(str(INT64_MAX)) else INT64_MAX + 1
+    if value < minimum or value > INT64_MAX:
+        raise error(f"{what} must be between {minimum} and {INT64_MAX}, got {_show(text)}")
+    return value
+
+
+def parse_uuid(text: str, what: str, error: type[SegstoreError]) -> uuid.UUID:
+    """A UUID in its canonical 8-4-4-4-12 hex form."""
+    if not _UUID.fullmatch(text):
+        raise error(f"{what} must be a UUID like 0f8fad5b-d9cb-469f-a165-70867728950e, got {_show(text)}")
+    return uuid.UUID(text)
+
+
+def _header(request: Request, name: str) -> str | None:
+    values = request.headers.getlist(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidHeader(f"{name} is given {len(values)} times; send it once")
+    return _strip_ows(values[0])
+
+
+def int_header(request: Request, name: str, *, minimum: int = 0) -> int | None:
+    """An int64 header (``Event-Number``, ``Expected-Offset``, ...), or None when absent."""
+    raw = _header(request, name)
+    return None if raw is None else _int_in_range(raw, name, minimum, InvalidHeader)
+
+
+@dataclass(frozen=True)
+class AppendConditions:
+    """The optional headers of an append."""
+
+    expected_offset: int | None
+    writer_id: uuid.UUID | None
+    event_number: int | None
+    event_count: int
+
+
+def append_conditions(request: Request) -> AppendConditions:
+    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``."""
+    raw_writer = _header(request, "Writer-Id")
+    writer_id = None if raw_writer is None else parse_uuid(raw_writer, "Writer-Id", InvalidHeader)
+    event_number = int_header(request, "Event-Number")
+    if (writer_id is None) != (event_number is None):
+        given, missing = (
+            ("Writer-Id", "Event-Number") if writer_id is not None else ("Event-Number", "Writer-Id")
+        )
+        raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
+    event_count = int_header(request, "Event-Count", minimum=1)
+    return AppendConditions(
+        expected_offset=int_header(request, "Expected-Offset"),
+        writer_id=writer_id,
+        event_number=event_number,
+        event_count=1 if event_count is None else event_count,
+    )
+
+
+def byte_range(request: Request) -> tuple[int, int | None] | None:
+    """``Range: bytes=a-b`` or ``bytes=a-`` as (offset, length or None); None when absent.
+
+    One range only: a multi-range or suffix (``bytes=-n``) request is a 400,
+    since a segment read returns one contiguous run of bytes.
+    """
+    raw = _header(request, "Range")
+    if raw is None:
+        return None
+    if "," in raw:
+        raise InvalidHeader(f"Range must name one range (bytes=a-b or bytes=a-), got {_show(raw)}")
+    match = _RANGE.fullmatch(raw)
+    if not match:
+        raise InvalidHeader(f"Range must be bytes=a-b or bytes=a-, got {_show(raw)}")
+    first = _int_in_range(match.group(1), "Range first byte", 0, InvalidHeader)
+    if not match.group(2):
+        return first, None
+    last = _int_in_range(match.group(2), "Range last byte", 0, InvalidHeader)
+    if last < first:
+        raise InvalidHeader(f"Range last byte {last} is before its first byte {first}")
+    return first, last - first + 1
+
+
+def last_event_id(request: Request) -> int | None:
+    """``Last-Event-ID`` of an SSE reconnect: the offset to resume from."""
+    raw = _header(request, "Last-Event-ID")
+    return None if raw is None else _int_in_range(raw, "Last-Event-ID", 0, InvalidHeader)
+
+
+def _param(request: Request, name: str) -> str | None:
+    values = request.args.getlist(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidArgument(f"query parameter {name} is given {len(values)} times; send it once")
+    return values[0]
+
+
+def int_param(request: Request, name: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
+    """An integer query parameter within [minimum, maximum], or None when absent."""
+    raw = _param(request, name)
+    if raw is None:
+        return None
+    value = _int_in_range(raw, f"query parameter {name}", minimum, InvalidArgument)
+    if value > maximum:
+        raise InvalidArgument(f"query parameter {name} must be at most {maximum}, got {value}")
+    return value
+
+
+def str_param(request: Request, name: str) -> str | None:
+    """A text query parameter, or None when absent."""
+    return _param(request, name)
+
+
+def seconds_param(request: Request, name: str, *, maximum: float) -> float | None:
+    """A duration in seconds (``1``, ``0.5``) within [0, maximum], or None when absent."""
+    raw = _param(request, name)
+    if raw is None:
+        return None
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidArgument(f"query parameter {name} must be a number of seconds >= 0, got {_show(raw)}")
+    value = float(raw)
+    if value > maximum:
+        raise InvalidArgument(f"query parameter {name} must be at most {maximum:g} seconds, got {_show(raw)}")
+    return value
+
+
+def read_body(
+    stream: BinaryIO,
+    content_length: int | None,
+    max_bytes: int,
+    what: str,
+    too_large: type[SegstoreError] = PayloadTooLarge,
+) -> bytes:
+    """Read a request body of at most ``max_bytes`` without ever holding more than that.
+
+    A declared ``Content-Length`` over the limit is refused before reading; a
+    chunked body is read in pieces and refused as soon as it passes the limit.
+    ``too_large`` is the error raised then (413 for appends, the only bodies
+    API.md lets be large).
+    """
+    if content_length is not None and content_length > max_bytes:
+        raise too_large(f"{what} is {content_length} bytes; the limit is {max_bytes} bytes")
+    pieces: list[bytes] = []
+    total = 0
+    while total <= max_bytes:
+        piece = stream.read(min(_READ_PIECE_BYTES, max_bytes + 1 - total))
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+    if total > max_bytes:
+        raise too_large(f"{what} is over the limit of {max_bytes} bytes")
+    return b"".join(pieces)
+
+
+def json_object_body(request: Request, allowed: set[str], *, required: bool) -> dict[str, Any]:
+    """A small JSON object body with only ``allowed`` keys; ``{}`` when optional and empty.
+
+    An oversized one is a 400 like any other bad option body.
+    """
+    data = read_body(
+        request.stream,
+        request.content_length,
+        MAX_JSON_BODY_BYTES,
+        "the JSON body",
+        too_large=InvalidArgument,
+    )
+    if not data.strip():
+        if required:
+            raise InvalidArgument(f"a JSON object body is required with {', '.join(sorted(allowed))}")
+        return {}
+    try:
+        body = json.loads(data)
+    except UnicodeDecodeError:
+        raise InvalidArgument("body is not UTF-8 JSON") from None
+    except ValueError as err:
+        raise InvalidArgument(f"body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InvalidArgument("body JSON is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"body must be a JSON object, got {_json_type(body)}")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}"
+        )
+    return body
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a value")
+
+
+def json_int(body: dict[str, Any], key: str, *, minimum: int) -> int | None:
+    """An integer member of a JSON body (booleans and floats refused), or None when absent."""
+    if key not in body:
+        return None
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{key} must be an integer, got {json.dumps(value)[:60]}")
+    if value < minimum or value > INT64_MAX:
+        raise InvalidArgument(f"{key} must be between {minimum} and {INT64_MAX}, got {value}")
+    return value

@@ -1,0 +1,107 @@
+"""Operations: liveness, readiness, Prometheus metrics, and the HTTP request metrics.
+
+Request metrics live in the store's registry, beside the engine's, so one
+``/metrics`` scrape shows both. Routes are labelled by their pattern
+(``/v1/segments/{name}:seal``), never by the concrete path, to keep the label
+set small.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from engine import ContainerNotReady, SegmentStore
+
+bp = Blueprint("ops", __name__)
+
+_METRICS_KEY = "segstore_http_metrics"
+
+
+class HttpMetrics:
+    """Requests by route, method and status, and their latency (time to the response headers)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "segstore_http_requests",
+            "HTTP requests answered, by route pattern, method and status.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "segstore_http_request_duration_seconds",
+            "Time from request to response headers, by route pattern and method.",
+            ["route", "method"],
+            registry=registry,
+            buckets=(
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1,
+                2.5,
+                5,
+                10,
+                30,
+                60,
+            ),
+        )
+
+
+def _store() -> SegmentStore:
+    return current_app.extensions["segstore"]
+
+
+def _start_timer() -> None:
+    g.request_started = time.perf_counter()
+
+
+def _record(response: Response) -> Response:
+    metrics: HttpMetrics = current_app.extensions[_METRICS_KEY]
+    route = g.get("route") or (request.url_rule.rule if request.url_rule else "unmatched")
+    metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    started = g.get("request_started")
+    if started is not None:
+        metrics.latency.labels(route, request.method).observe(time.perf_counter() - started)
+    return response
+
+
+def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:
+    """Count and time every request of ``app`` into ``registry``."""
+    app.extensions[_METRICS_KEY] = HttpMetrics(registry)
+    app.before_request(_start_timer)
+    app.after_request(_record)
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    """The process is alive and serving HTTP (recovery may still run)."""
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    """200 once every container has recovered; a 503 problem before."""
+    if not _store().ready:
+        raise ContainerNotReady("containers are still recovering", retry_after_s=1.0)
+    return jsonify({"status": "ready"})
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text format: engine and HTTP metrics."""
+    return Response(generate_latest(_store().registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,277 @@
+"""Everything under ``/v1/segments``: create, append, read, state, seal, truncate, delete, list.
+
+The segment name is the path after ``/v1/segments/`` (WSGI hands it over
+with ``%2F`` already decoded to ``/``). A custom method follows the name after
+the first colon (AIP-136: ``.../scope/stream/0:seal``); names never contain
+``:``. One catch-all rule takes every method and this module dispatches on
+(custom method, HTTP method). Handlers parse, call the store and render;
+no storage logic lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import BaseConverter
+
+from app import inputs
+from app.errors import segment_headers
+from app.sse import event_stream_response, wants_event_stream
+from engine import (
+    InvalidArgument,
+    InvalidName,
+    ReadResult,
+    SegmentInfo,
+    SegmentStore,
+    validate_segment_name,
+)
+
+bp = Blueprint("segments", __name__)
+
+LIST_LIMIT_DEFAULT = 1000
+LIST_LIMIT_MAX = 10000
+_ROUTE = "/v1/segments/{name}"
+
+
+class SegmentPathConverter(BaseConverter):
+    """Everything after ``/v1/segments/``: slashes (leading, doubled), newlines, anything.
+
+    werkzeug's ``path`` converter refuses a leading ``/`` and a newline, which
+    would answer 404; matching all lets the name validator say precisely why
+    such a name is wrong (400 InvalidName).
+    """
+
+    regex = r"[\s\S]+"
+    part_isolating = False
+
+
+bp.record_once(lambda state: state.app.url_map.converters.update(segment_path=SegmentPathConverter))
+
+
+def store() -> SegmentStore:
+    """The store this app serves (built by ``create_app``)."""
+    return current_app.extensions["segstore"]
+
+
+def _rfc3339(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def info_json(info: SegmentInfo) -> dict[str, Any]:
+    """The JSON info of API.md "Segments" (times as RFC 3339 UTC)."""
+    return {
+        "name": info.name,
+        "length": info.length,
+        "start_offset": info.start_offset,
+        "storage_length": info.storage_length,
+        "sealed": info.sealed,
+        "event_count": info.event_count,
+        "created": _rfc3339(info.created),
+        "last_modified": _rfc3339(info.last_modified),
+    }
+
+
+def _info_response(info: SegmentInfo, status: int = 200) -> Response:
+    response = jsonify(info_json(info))
+    response.status_code = status
+    response.headers.update(segment_headers(info))
+    return response
+
+
+# ------------------------------------------------------------------ handlers
+def create(name: str) -> Response:
+    """PUT: create, with an optional ``{"rollover_bytes": n}`` body."""
+    body = inputs.json_object_body(request, {"rollover_bytes"}, required=False)
+    rollover_bytes = inputs.json_int(body, "rollover_bytes", minimum=1)
+    return _info_response(store().create(name, rollover_bytes=rollover_bytes), 201)
+
+
+def append(name: str) -> Response:
+    """POST: append the body bytes, plain, conditional on the length, or deduplicated."""
+    conditions = inputs.append_conditions(request)
+    data = inputs.read_body(
+        request.stream, request.content_length, store().settings.max_append_bytes, "append body"
+    )
+    if not data:
+        raise InvalidArgument("an append needs a body of at least one byte; this one is empty")
+    result = store().append(
+        name,
+        data,
+        expected_offset=conditions.expected_offset,
+        writer_id=conditions.writer_id,
+        event_number=conditions.event_number,
+        event_count=conditions.event_count,
+    )
+    headers = segment_headers(result.info)
+    if result.duplicate:
+        headers["Segment-Duplicate"] = "true"
+        body = {
+            "duplicate": True,
+            "event_number": result.event_number,
+            "length": result.info.length,
+        }
+    else:
+        headers["Segment-Offset"] = str(result.offset)
+        body = {"offset": result.offset, "length": result.info.length}
+    response = jsonify(body)
+    response.headers.update(headers)
+    return response
+
+
+def _etag(result: ReadResult) -> str:
+    """Bytes below the length never change: segment id + range names them for good."""
+    return f"{result.info.segment_id}-{result.offset}-{result.next_offset}"
+
+
+def read(name: str) -> Response:
+    """GET: bytes from ``offset``/``length`` or ``Range``; long-poll with ``wait``; or SSE."""
+    byte_range = inputs.byte_range(request)
+    offset = inputs.int_param(request, "offset")
+    length = inputs.int_param(request, "length", minimum=1)
+    if byte_range is not None and (offset is not None or length is not None):
+        raise InvalidArgument("give either a Range header or offset/length parameters, not both")
+    settings = store().settings
+    wait_s = inputs.seconds_param(request, "wait", maximum=settings.tail_wait_max_s)
+    if wants_event_stream(request):
+        if byte_range is not None or length is not None or wait_s is not None:
+            raise InvalidArgument(
+                "a live stream (Accept: text/event-stream) takes only offset or Last-Event-ID; "
+                "length, Range and wait do not apply"
+            )
+        resume = inputs.last_event_id(request)
+        start = resume if resume is not None else offset
+        first = store().read(name, start)
+        return event_stream_response(store(), name, first, settings.sse_keepalive_s)
+    if byte_range is not None:
+        offset, length = byte_range
+    result = store().read(name, offset, length, wait_s=wait_s or 0.0)
+    headers = segment_headers(result.info)
+    headers["Segment-Next-Offset"] = str(result.next_offset)
+    if not result.data:
+        return Response(status=204, headers=headers)
+    etag = _etag(result)
+    headers["ETag"] = f'"{etag}"'
+    headers["Accept-Ranges"] = "bytes"
+    if request.if_none_match.contains_weak(etag):
+        return Response(status=304, headers=headers)
+    status = 200
+    if byte_range is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {result.offset}-{result.next_offset - 1}/*"
+    return Response(result.data, status=status, headers=headers, mimetype="application/octet-stream")
+
+
+def head(name: str) -> Response:
+    """HEAD: the segment's state in headers only."""
+    return Response(status=200, headers=segment_headers(store().info(name)))
+
+
+def delete(name: str) -> Response:
+    """DELETE: remove the segment (its Tier 2 data goes in the background)."""
+    store().delete(name)
+    return Response(status=204)
+
+
+def info(name: str) -> Response:
+    """GET ``:info``: the JSON info."""
+    return _info_response(store().info(name))
+
+
+def seal(name: str) -> Response:
+    """POST ``:seal``: no more appends; sealing twice is fine."""
+    return _info_response(store().seal(name))
+
+
+def truncate(name: str) -> Response:
+    """POST ``:truncate`` with ``{"offset": n}``: start offset becomes max(current, n)."""
+    body = inputs.json_object_body(request, {"offset"}, required=True)
+    offset = inputs.json_int(body, "offset", minimum=0)
+    if offset is None:
+        raise InvalidArgument('the body needs "offset": the new start offset')
+    return _info_response(store().truncate(name, offset))
+
+
+def writer(name: str, writer_id_text: str) -> Response:
+    """GET ``:writers/{writer_id}``: the last event number stored for that writer."""
+    writer_id = inputs.parse_uuid(writer_id_text, "writer id", InvalidArgument)
+    event_number = store().writer_event_number(name, writer_id)
+    response = jsonify({"writer_id": str(writer_id), "event_number": event_number})
+    response.headers.update(segment_headers(store().info(name)))
+    return response
+
+
+# ------------------------------------------------------------------- routing
+Handler = Callable[..., Response]
+
+_PLAIN: dict[str, Handler] = {
+    "PUT": create,
+    "POST": append,
+    "GET": read,
+    "HEAD": head,
+    "DELETE": delete,
+}
+# custom method -> (takes a "/{arg}" after it, {HTTP method: handler})
+_CUSTOM: dict[str, tuple[bool, dict[str, Handler]]] = {
+    "info": (False, {"GET": info}),
+    "seal": (False, {"POST": seal}),
+    "truncate": (False, {"POST": truncate}),
+    "writers": (True, {"GET": writer}),
+}
+
+
+def _path_is_utf8() -> None:
+    """werkzeug decodes the path with replacement characters; a name must be real UTF-8."""
+    raw = request.environ.get("PATH_INFO", "")
+    try:
+        raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise InvalidName("segment name is not valid UTF-8") from None
+
+
+def _allowed(handlers: dict[str, Handler]) -> list[str]:
+    methods = set(handlers)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+@bp.route(
+    "/v1/segments/<segment_path:target>",
+    methods=["GET", "HEAD", "POST", "PUT", "DELETE"],
+    merge_slashes=False,
+)
+def segment(target: str) -> Response:
+    """Dispatch ``{name}`` or ``{name}:{method}[/{arg}]`` to its handler."""
+    g.route = _ROUTE
+    _path_is_utf8()
+    name, colon, custom = target.partition(":")
+    validate_segment_name(name)
+    if not colon:
+        return _PLAIN[request.method](name)
+    verb, slash, arg = custom.partition("/")
+    if verb not in _CUSTOM:
+        raise NotFound(f"unknown custom method :{verb}; known: {', '.join(sorted(_CUSTOM))}")
+    takes_arg, handlers = _CUSTOM[verb]
+    if takes_arg != bool(slash):
+        form = f":{verb}/{{id}}" if takes_arg else f":{verb}"
+        raise NotFound(f"the custom method is written {form}")
+    g.route = f"{_ROUTE}:{verb}" + ("/{id}" if takes_arg else "")
+    method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method
+    if method not in handlers:
+        raise MethodNotAllowed(valid_methods=_allowed(handlers))
+    return handlers[method](name, arg) if takes_arg else handlers[method](name)
+
+
+@bp.get("/v1/segments")
+def list_segments() -> Response:
+    """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
+    g.route = "/v1/segments"
+    prefix = inputs.str_param(request, "prefix") or ""
+    after = inputs.str_param(request, "after") or None
+    limit = inputs.int_param(request, "limit", minimum=1, maximum=LIST_LIMIT_MAX)
+    page, next_after = store().list(prefix, after=after, limit=LIST_LIMIT_DEFAULT if limit is None else limit)
+    return jsonify({"segments": [info_json(i) for i in page], "next": next_after})
