@@ -265,11 +265,11 @@ class MetadataUpdater:
 
     def _create(self, op: ops.CreateSegment) -> Outcome:
         try:
-            self._lookup(op.name)
+            existing = self._lookup(op.name)
         except SegmentNotFound:
             pass
         else:
-            raise SegmentExists(f"segment {op.name!r} already exists")
+            raise SegmentExists(f"segment {op.name!r} already exists", segment=existing.info())
         op.segment_id = self.next_segment_id
         self.next_segment_id += 1
         op.seq = self.next_seq()

@@ -1,0 +1,113 @@
+"""Segment names in URLs, custom methods after the colon, and the routing errors."""
+
+from __future__ import annotations
+
+import pytest
+from flask import Request
+from flask.testing import FlaskClient
+from werkzeug.test import EnvironBuilder
+
+from tests.app.helpers import assert_problem
+
+
+def test_slash_may_be_sent_raw_or_encoded(client: FlaskClient) -> None:
+    created = client.put("/v1/segments/scope%2Fstream%2F0")
+    assert created.status_code == 201
+    assert created.get_json()["name"] == "scope/stream/0"
+    client.post("/v1/segments/scope/stream/0", data=b"abc")
+    assert client.get("/v1/segments/scope%2Fstream%2F0:info").get_json()["length"] == 3
+
+
+def test_unicode_and_spaces_are_fine(client: FlaskClient) -> None:
+    url = "/v1/segments/sc%C3%A9ne/my%20stream/0"
+    assert client.put(url).get_json()["name"] == "scéne/my stream/0"
+    assert client.get(url + ":info").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a%23b",  # '#'
+        "a%3Fb",  # '?'
+        "a%5Cb",  # '\'
+        "a%25b",  # '%'
+        "a%00b",
+        "a%01b",
+        "a%0Ab",
+        "a%1Fb",
+        "a%7Fb",
+        "a/../b",
+        "a/./b",
+        "..",
+        "a//b",
+        "/a",
+        "a/",
+        "x" * 1025,
+        "%C3%A9" * 513,  # 1026 bytes of UTF-8
+    ],
+)
+def test_bad_names_are_400_invalid_name(client: FlaskClient, path: str) -> None:
+    for method in ("PUT", "POST", "GET", "HEAD", "DELETE"):
+        response = client.open(f"/v1/segments/{path}", method=method, data=b"x")
+        assert response.status_code == 400, (method, response.status_code)
+    assert_problem(client.put(f"/v1/segments/{path}"), 400, "InvalidName")
+    assert_problem(client.get(f"/v1/segments/{path}:info"), 400, "InvalidName")
+
+
+def test_names_up_to_1024_bytes_are_fine(client: FlaskClient) -> None:
+    assert client.put("/v1/segments/" + "x" * 1024).status_code == 201
+    assert client.put("/v1/segments/" + "%C3%A9" * 512).status_code == 201
+
+
+def test_a_name_that_is_not_utf8_is_400(client: FlaskClient) -> None:
+    environ = EnvironBuilder(path="/v1/segments/a", method="PUT").get_environ()
+    environ["PATH_INFO"] = "/v1/segments/a\xff"
+    response = client.open(Request(environ))
+    assert "UTF-8" in assert_problem(response, 400, "InvalidName")["detail"]
+
+
+def test_a_colon_starts_a_custom_method(raw_client: FlaskClient) -> None:
+    """Names never hold ':'; an encoded one still splits name and method."""
+    raw_client.put("/v1/segments/a")
+    assert raw_client.get("/v1/segments/a%3Ainfo").status_code == 200
+    assert_problem(raw_client.put("/v1/segments/a%3Ab"), 404, "NotFound")
+
+
+@pytest.mark.parametrize("suffix", [":nope", ":info/extra", ":seal/x", ":", ":Info"])
+def test_unknown_custom_methods_are_404(raw_client: FlaskClient, segment: str, suffix: str) -> None:
+    assert_problem(raw_client.get(segment + suffix), 404, "NotFound")
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "allow"),
+    [
+        ("POST", ":info", "GET, HEAD"),
+        ("DELETE", ":info", "GET, HEAD"),
+        ("GET", ":seal", "POST"),
+        ("PUT", ":truncate", "POST"),
+        ("POST", ":writers/0f8fad5b-d9cb-469f-a165-70867728950e", "GET, HEAD"),
+    ],
+)
+def test_a_known_method_with_the_wrong_verb_is_405(
+    raw_client: FlaskClient, segment: str, method: str, suffix: str, allow: str
+) -> None:
+    response = raw_client.open(segment + suffix, method=method)
+    assert_problem(response, 405, "MethodNotAllowed")
+    assert response.headers["Allow"] == allow
+
+
+def test_head_of_a_custom_get_method(raw_client: FlaskClient, segment: str) -> None:
+    response = raw_client.head(segment + ":info")
+    assert response.status_code == 200
+    assert response.data == b""
+
+
+def test_unknown_paths_are_404_problems(raw_client: FlaskClient) -> None:
+    assert_problem(raw_client.get("/v2/segments/a"), 404, "NotFound")
+    assert_problem(raw_client.get("/v1/segments/"), 404, "NotFound")
+
+
+def test_wrong_method_on_the_collection_is_405(raw_client: FlaskClient) -> None:
+    response = raw_client.post("/v1/segments")
+    assert_problem(response, 405, "MethodNotAllowed")
+    assert "GET" in response.headers["Allow"]
