@@ -96,7 +96,11 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> Response:
     """200 once every container has recovered; a 503 problem before."""
-    if not _store().ready:
+    store = _store()
+    if not store.ready:
+        failure = store.failure
+        if failure is not None:
+            raise ContainerNotReady(f"recovery failed, a restart is needed: {failure}")
         raise ContainerNotReady("containers are still recovering", retry_after_s=1.0)
     return jsonify({"status": "ready"})
 

@@ -111,6 +111,11 @@ class SegmentContainer:
             self.metadata.reconcile_storage_length(seg.segment_id, actual)
 
     @property
+    def failure(self) -> str | None:
+        """Why recovery failed, or None."""
+        return None if self._failure is None else str(self._failure)
+
+    @property
     def ready(self) -> bool:
         return self._ready.is_set() and self._failure is None and not self._closed
 

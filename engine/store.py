@@ -97,6 +97,14 @@ class SegmentStore:
         """True once every container has recovered and accepts requests."""
         return self._started.is_set() and all(c.ready for c in self._containers)
 
+    @property
+    def failure(self) -> str | None:
+        """Why a container could not start (it stays down until a restart), or None."""
+        for container in self._containers:
+            if container.failure is not None:
+                return f"container {container.container_id}: {container.failure}"
+        return None
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until every container is ready; re-raise a container's recovery failure."""
         self._started.wait(timeout_s)

@@ -6,7 +6,8 @@ import pytest
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import SegmentStore
+from app import create_app
+from engine import ContainerNotReady, SegmentStore, Settings
 from tests.app.helpers import assert_problem
 
 
@@ -66,3 +67,26 @@ def test_metrics_include_the_engine_metrics(client: FlaskClient, segment: str) -
     client.post(segment, data=b"abc")
     samples = _samples(client)
     assert samples[("segstore_appends_total", frozenset())] >= 1
+
+
+def test_readyz_says_why_recovery_failed(settings: Settings) -> None:
+    first = create_app(settings)
+    store = first.extensions["segstore"]
+    store.wait_ready(30)
+    first.test_client().put("/v1/segments/a/b")
+    first.test_client().post("/v1/segments/a/b", data=b"abc")
+    store.flush()
+    store.close()
+    # Tier 2 now holds more bytes than the segment's length: recovery must refuse to serve.
+    (object_file,) = [p for p in settings.tier2_path.rglob("*") if p.is_file()]
+    object_file.write_bytes(b"abcdef")
+    broken = create_app(settings)
+    try:
+        with pytest.raises(ContainerNotReady):
+            broken.extensions["segstore"].wait_ready(30)
+        response = broken.test_client().get("/readyz")
+        assert_problem(response, 503, "Throttled")
+        assert "recovery failed" in response.get_json()["detail"]
+        assert "holds 6 bytes" in response.get_json()["detail"]
+    finally:
+        broken.extensions["segstore"].close()
