@@ -61,6 +61,8 @@ def events(store: SegmentStore, name: str, first: ReadResult, keepalive_s: float
         elif _at_sealed_end(result):
             yield sealed_event(result.info.length)
             return
+        elif store.draining:
+            return  # the server is shutting down; the client resumes with Last-Event-ID
         else:
             yield KEEPALIVE
         try:

@@ -18,12 +18,30 @@ graceful_timeout = 30
 # Long-poll reads park for up to tail_wait_max_s; the gevent worker's
 # heartbeat is independent of request time, so this only bounds a stuck worker.
 timeout = 120
-keepalive = 75
+# Idle keep-alive connections count as busy during a graceful shutdown.
+keepalive = 5
 loglevel = _settings.log_level
 accesslog = None
 # gunicorn's control socket sits at one fixed path per user, which two
 # servers on one machine (tests, benchmarks) would contend for.
 control_socket_disable = True
+
+
+def post_worker_init(worker):
+    """On SIGTERM, end parked tails at once instead of letting them hold the shutdown."""
+    import signal
+
+    import gevent
+
+    handle_exit = worker.handle_exit
+
+    def drain_then_exit(sig, frame):
+        handle_exit(sig, frame)
+        store = worker.wsgi.extensions.get("segstore")
+        if store is not None:
+            gevent.spawn(store.drain)  # not in the signal handler itself: it takes locks
+
+    signal.signal(signal.SIGTERM, drain_then_exit)
 
 
 def worker_exit(server, worker):

@@ -69,6 +69,7 @@ class SegmentContainer:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._closed = False
+        self._draining = False
         self._thread: threading.Thread | None = None
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
 
@@ -137,6 +138,11 @@ class SegmentContainer:
         if self._failure is None:
             self.writer.close()
             self.durable_log.close()
+
+    def drain(self) -> None:
+        """Shutdown has begun: tail reads stop waiting, so their requests end now."""
+        self._draining = True
+        self.read_index.close()
 
     def flush(self, timeout_s: float) -> None:
         self._check_ready()
@@ -261,7 +267,7 @@ class SegmentContainer:
                 data = self._read_range(seg.segment_id, name, info, start, count)
                 return ReadResult(data, start, start + len(data), info)
             remaining = deadline - time.monotonic()
-            if info.sealed or limit == 0 or remaining <= 0:
+            if info.sealed or limit == 0 or remaining <= 0 or self._draining:
                 return ReadResult(b"", start, start, info)
             self._wait_for_change(seg.segment_id, info.length, remaining)
             offset = start
@@ -272,7 +278,7 @@ class SegmentContainer:
             with self.metadata.lock:
                 seg = self.metadata.segments.get(segment_id)
                 changed = seg is None or seg.deleted or seg.length != length or seg.sealed
-            if not changed:
+            if not changed and not self._draining:
                 with contextlib.suppress(TimeoutError):
                     waiter.result(timeout_s)
         finally:

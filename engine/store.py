@@ -46,6 +46,7 @@ class SegmentStore:
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._started = threading.Event()
         self._closed = False
+        self._draining = False
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, *, wait: bool = False) -> None:
@@ -110,6 +111,19 @@ class SegmentStore:
         self._started.wait(timeout_s)
         for container in self._containers:
             container.wait_ready(timeout_s)
+
+    def drain(self) -> None:
+        """Shutdown has begun: waiting tail reads return now and new ones do not wait.
+
+        Appends and plain reads still work until ``close``.
+        """
+        self._draining = True
+        for container in self._containers:
+            container.drain()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     def close(self) -> None:
         """Stop every container: pending tails wake, the storage writer stops, logs close."""
