@@ -73,6 +73,8 @@ class Settings:
 
 
 def _convert(name: str, kind: str, raw: Any) -> Any:
+    if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):
+        raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}")
     try:
         if kind == "int":
             return int(raw)

@@ -205,6 +205,7 @@ class SegmentContainer:
         outcome = self._submit(op)
         info = self.metadata.info(name)
         if outcome.duplicate_of is not None:
+            self.durable_log.metrics.duplicates.inc()
             return AppendResult(None, True, outcome.duplicate_of, info)
         return AppendResult(op.offset, False, event_number, info)
 
@@ -264,7 +265,7 @@ class SegmentContainer:
                 raise BadOffset(f"offset {start} is past the length {info.length}", segment=info)
             if start < info.length and limit > 0:
                 count = min(limit, info.length - start)
-                data = self._read_range(seg.segment_id, name, info, start, count)
+                data = self._read_range(seg.segment_id, name, start, count)
                 return ReadResult(data, start, start + len(data), info)
             remaining = deadline - time.monotonic()
             if info.sealed or limit == 0 or remaining <= 0 or self._draining:
@@ -286,9 +287,7 @@ class SegmentContainer:
         if self._closed:
             raise ContainerNotReady(f"container {self.container_id} is stopping")
 
-    def _read_range(
-        self, segment_id: int, name: str, info: SegmentInfo, start: int, count: int
-    ) -> bytes:
+    def _read_range(self, segment_id: int, name: str, start: int, count: int) -> bytes:
         """``count`` bytes from ``start``: cached first, the gaps from Tier 2."""
         parts: list[bytes] = []
         pos, end = start, start + count
@@ -298,15 +297,20 @@ class SegmentContainer:
                 parts.append(cached)
                 pos += len(cached)
                 continue
-            parts.append(self._read_tier2(segment_id, name, info, pos, end))
+            parts.append(self._read_tier2(segment_id, name, pos, end))
             pos += len(parts[-1])
         return b"".join(parts)
 
-    def _read_tier2(self, segment_id: int, name: str, info: SegmentInfo, pos: int, end: int) -> bytes:
+    def _read_tier2(self, segment_id: int, name: str, pos: int, end: int) -> bytes:
         """Fetch an evicted range from Tier 2 in aligned blocks and cache it."""
         block = self.settings.cache_block_bytes
         fetch_from = pos - pos % block
-        fetch_to = min(fetch_from + block * max(1, -(-(end - fetch_from) // block)), info.storage_length)
+        with self.metadata.lock:
+            seg = self.metadata.segments.get(segment_id)
+            if seg is None or seg.deleted:
+                raise SegmentNotFound(f"segment {name!r} was deleted")
+            storage_length = seg.storage_length
+        fetch_to = min(fetch_from + block * max(1, -(-(end - fetch_from) // block)), storage_length)
         next_cached = self.read_index.next_cached(segment_id, pos)
         if next_cached is not None:
             fetch_to = min(fetch_to, next_cached)

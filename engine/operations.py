@@ -166,7 +166,10 @@ def decode_all(payload: bytes | memoryview) -> list[Operation]:
             kind = OpType(kind_raw)
         except ValueError:
             raise DataCorrupted(f"unknown operation type {kind_raw}") from None
-        ops.append(_decode_body(kind, seq, body))
+        try:
+            ops.append(_decode_body(kind, seq, body))
+        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            raise DataCorrupted(f"operation {seq}: {exc}") from None
     return ops
 
 

@@ -68,7 +68,8 @@ class ReadIndex:
             index = self._index(segment_id)
             pos = index.blocks.bisect_right(offset)
             if pos and self._end(index, pos - 1) > offset:
-                return
+                cut = self._end(index, pos - 1) - offset
+                data, offset = data[cut:], offset + cut
             if pos < len(index.blocks):
                 data = data[: index.blocks.keys()[pos] - offset]
             if data:

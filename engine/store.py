@@ -74,6 +74,8 @@ class SegmentStore:
         if pinned.exists():
             count = json.loads(pinned.read_text())["container_count"]
             if count != self.settings.container_count:
+                os.close(fd)
+                self._lock_fd = None
                 raise InvalidArgument(
                     f"data directory {data} was created with container_count={count}; "
                     f"it cannot be opened with {self.settings.container_count}"

@@ -95,8 +95,7 @@ class StorageWriter:
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every operation committed so far is applied to Tier 2."""
-        with self.metadata.lock:
-            target = self.metadata.seq
+        target = self.durable_log.last_committed_seq
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._last_seq < target or self._aggregators:

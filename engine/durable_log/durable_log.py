@@ -79,6 +79,7 @@ class DurableLog:
         self._bytes_since_checkpoint = 0
         self._checkpoints: list[tuple[int, int]] = []  # (checkpoint seq, frame address)
         self._truncate_lock = threading.Lock()
+        self.last_committed_seq = 0
 
     # ----------------------------------------------------------------- recovery
     def recover(self) -> int:
@@ -95,6 +96,9 @@ class DurableLog:
                     if not started:
                         self.metadata.restore(op.snapshot, op.seq)
                         started = True
+                    else:
+                        self.metadata.epoch = max(self.metadata.epoch, op.snapshot["epoch"])
+                        self.metadata.seq = max(self.metadata.seq, op.seq)
                     self._checkpoints.append((op.seq, batch.first_frame_seq))
                     continue
                 if not started:
@@ -230,6 +234,7 @@ class DurableLog:
         self._bytes_since_checkpoint += len(payload)
         first = logged[0]
         if isinstance(first, ops.MetadataCheckpoint):
+            self._bytes_since_checkpoint = 0
             with self._truncate_lock:
                 self._checkpoints.append((first.seq, address))
 
@@ -247,6 +252,8 @@ class DurableLog:
             if isinstance(op, ops.SegmentOperation):
                 grown.add(op.segment_id)
         self.memory_log.add(logged)
+        if logged:
+            self.last_committed_seq = logged[-1].seq
         for segment_id in grown:
             self.read_index.notify(segment_id)
         if self._on_commit is not None:

@@ -70,6 +70,8 @@ class FileDataLog:
             except frames.TornTail as torn:
                 if not newest:
                     raise DataCorrupted(f"{path.name}: {torn} (not the newest log file)") from None
+                if frames.valid_frame_after(data, torn.position, expected, self.max_frame_bytes):
+                    raise DataCorrupted(f"{path.name}: {torn}, followed by whole writes") from None
                 log.warning("%s: cutting off a torn write (%s)", path, torn)
                 with open(path, "r+b") as fh:
                     fh.truncate(torn.position)

@@ -101,3 +101,23 @@ def iter_batches(buf: bytes, expected_seq: int | None = None) -> Iterator[Batch]
             batch_start, batch_first, chunks = pos, None, []
     if chunks:
         raise TornTail(batch_start, "write without its last frame")
+
+
+def valid_frame_after(buf: bytes, position: int, first_seq: int, max_frame_bytes: int) -> bool:
+    """Whether a valid frame after a tear at ``position`` cannot belong to the torn write itself."""
+    view = memoryview(buf)
+    last_seq = None
+    for pos in range(position + 1, len(view) - HEADER.size + 1):
+        size, crc, seq, flags = HEADER.unpack_from(view, pos)
+        if seq < first_seq or pos + HEADER.size + size > len(view):
+            continue
+        body = view[pos + HEADER.size : pos + HEADER.size + size]
+        if crc32c.crc32c(body, crc32c.crc32c(view[pos + 8 : pos + HEADER.size])) != crc:
+            continue
+        if pos - position != (seq - first_seq) * max_frame_bytes:
+            return True
+        if last_seq is not None and seq > last_seq:
+            return True
+        if flags & LAST:
+            last_seq = seq
+    return False

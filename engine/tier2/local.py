@@ -20,7 +20,7 @@ class LocalChunkStorage:
 
     def _path(self, key: str) -> Path:
         path = self.root / key
-        assert self.root in path.parents, key
+        assert ".." not in Path(key).parts and self.root in path.parents, key
         return path
 
     def write(self, key: str, offset: int, data: bytes) -> None:

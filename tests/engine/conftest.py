@@ -1,0 +1,143 @@
+"""Fixtures for engine tests: restartable containers on the in-memory twins, small settings."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from engine import SegmentExists, SegmentStore, Settings
+from engine import operations as ops
+from engine.container import SegmentContainer
+from engine.durable_log import frames
+from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.metrics import EngineMetrics
+from engine.tier2.memory import MemoryChunkStorage
+
+# Small limits: frames of 4 KiB, tiny log files, a writer that flushes within 20 ms.
+SMALL: dict[str, Any] = {
+    "container_count": 1,
+    "max_frame_bytes": 4096,
+    "tier1_file_bytes": 8192,
+    "flush_threshold_ms": 20,
+    "flush_threshold_bytes": 64 * 1024,
+    "cache_block_bytes": 1024,
+}
+
+
+def small_settings(data_dir: Path | str = "unused", **overrides: Any) -> Settings:
+    return Settings(data_dir=str(data_dir), **{**SMALL, **overrides})
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0, what: str = "") -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what or predicate}")
+        time.sleep(0.002)
+
+
+def logged_operations(data_log: MemoryDataLog) -> list[ops.Operation]:
+    """Every operation in a memory Tier 1 log, in log order."""
+    out: list[ops.Operation] = []
+    for buf in data_log.writes:
+        for batch in frames.iter_batches(buf):
+            out.extend(ops.decode_all(batch.payload))
+    return out
+
+
+def leads_with_checkpoint(buf: bytes) -> bool:
+    """Whether a Tier 1 write starts with a metadata checkpoint."""
+    first = next(frames.iter_batches(buf))
+    return isinstance(ops.decode_all(first.payload)[0], ops.MetadataCheckpoint)
+
+
+class Node:
+    """One container on the in-memory twins behind a SegmentStore; restartable like a process."""
+
+    def __init__(self, settings: Settings, container_id: int = 0) -> None:
+        self.settings = settings
+        self.container_id = container_id
+        self.data_log = MemoryDataLog(max_frame_bytes=settings.max_frame_bytes)
+        self.storage = MemoryChunkStorage()
+        self.container = self._build()
+        self.store = SegmentStore(settings, containers=[self.container])
+
+    def _build(self) -> SegmentContainer:
+        self.registry = CollectorRegistry()
+        return SegmentContainer(
+            self.container_id, self.settings, self.data_log, self.storage, EngineMetrics(self.registry)
+        )
+
+    def start(self, *, wait: bool = True) -> Node:
+        self.store.start(wait=wait)
+        return self
+
+    def restart(self, *, wait: bool = True, hold_tier1: bool = False) -> Node:
+        """Close the store, then start a new container on the same Tier 1 bytes and Tier 2.
+
+        ``hold_tier1``: Tier 1 writes (the first is recovery's checkpoint) block until the gate opens.
+        """
+        self.store.close()
+        self.data_log = self.data_log.reopen()
+        if hold_tier1:
+            self.data_log.gate.clear()
+        self.container = self._build()
+        self.store = SegmentStore(self.settings, containers=[self.container])
+        return self.start(wait=wait)
+
+    def log_a_checkpoint(self, name: str) -> None:
+        """Append to ``name`` until a Tier 1 write leads with a checkpoint (taken after all before it)."""
+        for _ in range(10):
+            self.store.append(name, b".")
+            if leads_with_checkpoint(self.data_log.writes[-1]):
+                return
+        pytest.fail("no Tier 1 write led with a checkpoint")
+
+    def truncate_tier1(self, tick: str = "tick") -> None:
+        """Flush, log a checkpoint (appending to ``tick``), wait until Tier 1 holds nothing older."""
+        self.store.flush()
+        with contextlib.suppress(SegmentExists):
+            self.store.create(tick)
+        self.log_a_checkpoint(tick)
+        self.store.flush()
+        wait_until(lambda: len(self.data_log.writes) == 1, what="Tier 1 truncation at the newest checkpoint")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+    def close(self) -> None:
+        self.data_log.gate.set()
+        self.store.close()
+
+
+@pytest.fixture
+def make_node() -> Iterator[Callable[..., Node]]:
+    """Build started nodes from SMALL settings plus overrides; all are closed after the test."""
+    nodes: list[Node] = []
+
+    def make(**overrides: Any) -> Node:
+        node = Node(small_settings(**overrides))
+        nodes.append(node)
+        return node.start()
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    return make_node()
+
+
+@pytest.fixture
+def store(node: Node) -> SegmentStore:
+    return node.store

@@ -1,0 +1,90 @@
+"""Settings: defaults, then the TOML file in SEGSTORE_CONFIG, then SEGSTORE_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import InvalidArgument, Settings, load_settings
+
+
+def toml(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "segstore.toml"
+    path.write_text(text)
+    return {"SEGSTORE_CONFIG": str(path)}
+
+
+def test_defaults_need_nothing() -> None:
+    settings = load_settings({})
+    assert settings == Settings()
+    assert settings.data_dir == "./data" and settings.bind == "127.0.0.1:8080"
+    assert settings.tier2_path == Path("data/tier2")
+    assert settings.container_count == 4 and settings.flush_threshold_ms == 1000
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    env = toml(
+        tmp_path,
+        'data_dir = "/srv/seg"\ntier2 = "/mnt/t2"\ncontainer_count = 8\ntail_wait_max_s = 2.5\n'
+        "cache_max_bytes = 1048576\n",
+    )
+    settings = load_settings(env)
+    assert settings.data_dir == "/srv/seg" and settings.tier2_path == Path("/mnt/t2")
+    assert settings.container_count == 8 and settings.tail_wait_max_s == 2.5
+    assert settings.cache_max_bytes == 1 << 20
+    assert settings.flush_threshold_ms == 1000  # untouched default
+
+
+def test_environment_overrides_toml_and_overrides_win(tmp_path: Path) -> None:
+    env = toml(tmp_path, "container_count = 8\nflush_threshold_ms = 5\nlog_level = 'debug'\n")
+    env |= {"SEGSTORE_CONTAINER_COUNT": "2", "SEGSTORE_TAIL_WAIT_MAX_S": "0.5", "SEGSTORE_BIND": "0.0.0.0:9"}
+    settings = load_settings(env)
+    assert (settings.container_count, settings.flush_threshold_ms, settings.log_level) == (2, 5, "debug")
+    assert settings.tail_wait_max_s == 0.5 and settings.bind == "0.0.0.0:9"
+    assert load_settings(env, container_count=3).container_count == 3
+
+
+def test_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEGSTORE_FLUSH_THRESHOLD_BYTES", "123")
+    monkeypatch.delenv("SEGSTORE_CONFIG", raising=False)
+    assert load_settings().flush_threshold_bytes == 123
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SEGSTORE_CONTAINER_COUNT": "many"},
+        {"SEGSTORE_CONTAINER_COUNT": "0"},
+        {"SEGSTORE_CONTAINER_COUNT": "1.5"},
+        {"SEGSTORE_FLUSH_THRESHOLD_MS": "-1"},
+        {"SEGSTORE_TAIL_WAIT_MAX_S": "soon"},
+        {"SEGSTORE_CACHE_MAX_BYTES": "-5"},
+        {"SEGSTORE_MAX_FRAME_BYTES": "4095"},
+    ],
+)
+def test_bad_environment_values(env: dict[str, str]) -> None:
+    with pytest.raises(InvalidArgument):
+        load_settings(env)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['container_count = "many"', "container_count = 2.5", "container_count = true", "tail_wait_max_s = [1]"],
+)
+def test_toml_value_of_the_wrong_type_is_refused(tmp_path: Path, line: str) -> None:
+    with pytest.raises(InvalidArgument, match=line.split(" ")[0]):
+        load_settings(toml(tmp_path, line + "\n"))
+
+
+def test_unknown_toml_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="flush_treshold_ms"):
+        load_settings(toml(tmp_path, "flush_treshold_ms = 5\n"))
+
+
+def test_settings_check_themselves() -> None:
+    with pytest.raises(InvalidArgument):
+        Settings(flush_threshold_bytes=-1)
+    with pytest.raises(InvalidArgument):
+        Settings(container_count=0)
+    assert Settings().replace(container_count=2).container_count == 2

@@ -1,0 +1,326 @@
+"""Reads: offsets and limits, tails, the read index and cache, eviction of flushed data only."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from engine import (
+    BadOffset,
+    ContainerNotReady,
+    InvalidArgument,
+    ReadResult,
+    SegmentNotFound,
+    SegmentStore,
+    SegmentTruncated,
+)
+from engine.cache import Cache
+from engine.read_index import ReadIndex
+from tests.engine.conftest import Node, wait_until
+
+
+def test_reads_at_offsets_and_lengths(store: SegmentStore) -> None:
+    store.create("s")
+    for part in (b"hello ", b"segment ", b"world"):
+        store.append("s", part)
+    full = b"hello segment world"
+    assert store.read("s").data == full
+    result = store.read("s", 6, 7)
+    assert (result.data, result.offset, result.next_offset) == (b"segment", 6, 13)
+    assert store.read("s", 3, 1000).data == full[3:]
+    assert store.read("s", 4, 0).data == b""
+    end = store.read("s", len(full))
+    assert (end.data, end.next_offset, end.info.length) == (b"", len(full), len(full))
+    store.truncate("s", 6)
+    assert store.read("s").offset == 6 and store.read("s").data == full[6:]
+
+
+def test_read_is_capped_at_max_read_bytes(make_node: Callable[..., Node]) -> None:
+    store = make_node(max_read_bytes=100).store
+    store.create("s")
+    data = os.urandom(250)
+    store.append("s", data)
+    assert store.read("s").data == data[:100]
+    assert store.read("s", 100, 1000).data == data[100:200]
+    assert store.read("s", 100, 30).data == data[100:130]
+
+
+def test_read_outside_the_segment(store: SegmentStore) -> None:
+    store.create("s")
+    store.append("s", b"0123456789")
+    store.truncate("s", 4)
+    with pytest.raises(SegmentTruncated) as below:
+        store.read("s", 3)
+    assert below.value.segment is not None and below.value.segment.start_offset == 4
+    with pytest.raises(BadOffset) as past:
+        store.read("s", 11)
+    assert past.value.segment is not None and past.value.segment.length == 10
+    with pytest.raises(InvalidArgument):
+        store.read("s", 4, -1)
+    with pytest.raises(InvalidArgument):
+        store.read("s", 10, wait_s=store.settings.tail_wait_max_s + 1)
+    with pytest.raises(SegmentNotFound):
+        store.read("nope")
+
+
+class Tail:
+    """A read running in another thread."""
+
+    def __init__(self, store: SegmentStore, name: str, offset: int, wait_s: float) -> None:
+        self.result: ReadResult | Exception | None = None
+        self.elapsed = 0.0
+        self._thread = threading.Thread(target=self._run, args=(store, name, offset, wait_s))
+        self._thread.start()
+
+    def _run(self, store: SegmentStore, name: str, offset: int, wait_s: float) -> None:
+        started = time.monotonic()
+        try:
+            self.result = store.read(name, offset, wait_s=wait_s)
+        except Exception as exc:
+            self.result = exc
+        self.elapsed = time.monotonic() - started
+
+    def join(self) -> Any:
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+        return self.result
+
+
+def waiting_tail(node: Node, name: str, offset: int, wait_s: float = 10.0) -> Tail:
+    """Start a tail read and return once it is parked on the segment."""
+    seg_id = node.store.info(name).segment_id
+    tail = Tail(node.store, name, offset, wait_s)
+    segments = node.container.read_index._segments
+    wait_until(lambda: seg_id in segments and segments[seg_id].waiters, what="a parked tail")
+    return tail
+
+
+def test_tail_read_returns_when_an_append_lands(node: Node) -> None:
+    node.store.create("s")
+    node.store.append("s", b"old")
+    tail = waiting_tail(node, "s", 3)
+    node.store.append("s", b"new bytes")
+    result = tail.join()
+    assert (result.data, result.offset, result.next_offset) == (b"new bytes", 3, 12)
+    assert tail.elapsed < 5
+
+
+def test_tail_read_times_out_empty(store: SegmentStore) -> None:
+    store.create("s")
+    started = time.monotonic()
+    result = store.read("s", 0, wait_s=0.15)
+    assert time.monotonic() - started >= 0.15
+    assert (result.data, result.next_offset) == (b"", 0)
+
+
+def test_end_of_a_sealed_segment_returns_at_once(store: SegmentStore) -> None:
+    store.create("s")
+    store.append("s", b"abc")
+    store.seal("s")
+    started = time.monotonic()
+    result = store.read("s", 3, wait_s=10)
+    assert time.monotonic() - started < 1
+    assert result.data == b"" and result.info.sealed and result.next_offset == result.info.length
+
+
+def test_seal_wakes_a_waiting_tail(node: Node) -> None:
+    node.store.create("s")
+    tail = waiting_tail(node, "s", 0)
+    node.store.seal("s")
+    result = tail.join()
+    assert result.data == b"" and result.info.sealed and tail.elapsed < 5
+
+
+def test_delete_wakes_a_waiting_tail(node: Node) -> None:
+    node.store.create("s")
+    tail = waiting_tail(node, "s", 0)
+    node.store.delete("s")
+    assert isinstance(tail.join(), SegmentNotFound)
+    assert tail.elapsed < 5
+
+
+def test_close_wakes_a_waiting_tail(node: Node) -> None:
+    node.store.create("s")
+    tail = waiting_tail(node, "s", 0)
+    node.store.close()
+    assert isinstance(tail.join(), ContainerNotReady)
+
+
+def test_drain_ends_waiting_tails_and_stops_new_waits(node: Node) -> None:
+    node.store.create("s")
+    tail = waiting_tail(node, "s", 0)
+    node.store.drain()
+    assert node.store.draining
+    result = tail.join()
+    assert result.data == b"" and tail.elapsed < 5
+    started = time.monotonic()
+    assert node.store.read("s", 0, wait_s=10).data == b""
+    assert time.monotonic() - started < 1
+    node.store.append("s", b"still served")
+    assert node.store.read("s", 0, wait_s=10).data == b"still served"
+
+
+def tier2_reads(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Record every Tier 2 read of the node."""
+    calls: list[tuple[str, int, int]] = []
+    original = node.storage.read
+
+    def read(key: str, offset: int, length: int) -> bytes:
+        calls.append((key, offset, length))
+        return original(key, offset, length)
+
+    monkeypatch.setattr(node.storage, "read", read)
+    return calls
+
+
+TINY_CACHE = {"cache_max_bytes": 2048, "cache_block_bytes": 512}
+
+
+def test_flushed_data_is_evicted_and_read_back_from_tier2(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=1 << 20, **TINY_CACHE)
+    store, cache = node.store, node.container.read_index.cache
+    store.create("s")
+    data = os.urandom(20_000)
+    for i in range(0, len(data), 100):
+        store.append("s", data[i : i + 100])
+    assert cache.size >= len(data)  # nothing is evicted before it is in Tier 2
+    store.flush()
+    wait_until(lambda: cache.size <= cache.max_bytes, what="eviction")
+    reads = tier2_reads(node, monkeypatch)
+    got = b"".join(store.read("s", offset, 3000).data for offset in range(0, len(data), 3000))
+    assert got == data
+    assert reads and cache.size <= cache.max_bytes + 2 * 512
+    assert all(offset % 512 == 0 and length < 3000 + 2 * 512 for _, offset, length in reads)  # whole blocks
+
+
+def test_unflushed_data_is_never_evicted(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=10_000, **TINY_CACHE)
+    store, index = node.store, node.container.read_index
+    store.create("s")
+    data = os.urandom(14_000)
+    for i in range(0, 9_900, 100):
+        store.append("s", data[i : i + 100])
+    store.append("s", data[9_900:12_000])  # crosses the size threshold: flushed
+    wait_until(lambda: store.info("s").storage_length == 12_000, what="the size flush")
+    store.append("s", data[12_000:])  # below the threshold: stays unflushed
+    seg_id = store.info("s").segment_id
+    wait_until(lambda: index.cache.size < 12_000, what="eviction")
+    assert index.cached_end(seg_id, 12_000) == 14_000
+    index.evict(node.container.metadata.storage_lengths())
+    assert index.cached_end(seg_id, 12_000) == 14_000
+    reads = tier2_reads(node, monkeypatch)
+    assert store.read("s", 12_000, 5000).data == data[12_000:]
+    assert not reads
+    assert b"".join(store.read("s", o, 4000).data for o in range(0, 14_000, 4000)) == data
+    assert store.info("s").storage_length == 12_000
+
+
+def test_read_racing_a_flush_and_eviction_returns_the_data(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that looked at the segment before a flush evicted its bytes still finds them in Tier 2."""
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=1 << 20, **TINY_CACHE)
+    store, index = node.store, node.container.read_index
+    store.create("s")
+    data = os.urandom(8000)
+    for i in range(0, len(data), 500):
+        store.append("s", data[i : i + 500])
+    seg_id = store.info("s").segment_id
+    original = index.read
+    raced: list[bool] = []
+
+    def read(segment_id: int, offset: int, max_length: int) -> bytes:
+        if not raced and segment_id == seg_id:
+            raced.append(True)  # between the reader's look at the metadata and its cache lookup:
+            store.flush()  # the writer moves everything to Tier 2 ...
+            wait_until(lambda: original(seg_id, 0, 1) == b"", what="eviction")  # ... and evicts it
+        return original(segment_id, offset, max_length)
+
+    monkeypatch.setattr(index, "read", read)
+    assert store.read("s", 0, 1000).data == data[:1000]
+
+
+def test_evicted_range_next_to_a_cached_block_is_cached_once_read(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=1 << 20, **TINY_CACHE)
+    store, index = node.store, node.container.read_index
+    store.create("s")
+    data = os.urandom(1500)
+    for i in range(0, 1500, 500):
+        store.append("s", data[i : i + 500])  # blocks [0, 500), [500, 1000), [1000, 1500)
+    store.flush()
+    seg_id = store.info("s").segment_id
+    for start in (0, 1000):
+        index.cache.get((seg_id, start))  # [500, 1000) is now the least recently used
+    index.cache.max_bytes = 1000
+    index.evict(node.container.metadata.storage_lengths())
+    index.cache.max_bytes = 1 << 20  # no further eviction
+    assert index.cached_end(seg_id, 0) == 500 and index.cached_end(seg_id, 1000) == 1500
+    assert index.read(seg_id, 500, 1) == b""
+    reads = tier2_reads(node, monkeypatch)
+    assert store.read("s", 500, 500).data == data[500:1000]
+    assert len(reads) == 1
+    assert store.read("s", 500, 500).data == data[500:1000]
+    assert len(reads) == 1, reads  # the bytes fetched the first time were cached
+
+
+# ------------------------------------------------------------- ReadIndex and Cache units
+def test_small_appends_grow_one_block_up_to_block_bytes() -> None:
+    index = ReadIndex(Cache(1 << 20), block_bytes=10)
+    for i in range(7):
+        index.append(1, i * 3, bytes([i]) * 3)
+    assert list(index._segments[1].blocks.items()) == [(0, 9), (9, 9), (18, 3)]
+    assert index.read(1, 0, 100) == b"".join(bytes([i]) * 3 for i in range(7))
+    assert index.read(1, 8, 3) == b"\x02\x03\x03"
+    assert index.read(2, 0, 10) == b""
+    assert index.cache.size == 21
+
+
+def test_insert_never_overwrites_cached_bytes() -> None:
+    index = ReadIndex(Cache(1 << 20), block_bytes=100)
+    index.append(1, 50, b"B" * 10)
+    index.insert(1, 0, b"a" * 60)  # trimmed at the cached block
+    assert index.read(1, 0, 100) == b"a" * 50 + b"B" * 10
+    assert index.next_cached(1, 10) == 50
+    index.insert(1, 55, b"c" * 10)  # starts inside a cached block
+    assert index.read(1, 50, 10) == b"B" * 10
+    assert index.cached_end(1, 0) >= 60 and index.cached_end(1, 70) == 70
+    assert index.next_cached(2, 0) is None
+
+
+def test_evict_drops_only_blocks_below_the_storage_length() -> None:
+    index = ReadIndex(Cache(10), block_bytes=10)
+    for i in range(5):
+        index.append(1, i * 10, bytes([i]) * 10)
+    assert index.evict({1: 25}) == 2  # blocks [0, 10) and [10, 20)
+    assert index.cached_end(1, 20) == 50 and index.read(1, 0, 10) == b""
+    assert index.evict({1: 50}) == 2  # down to the budget: the newest block stays
+    assert index.cache.size == 10
+
+
+def test_cache_evicts_least_recently_used_first() -> None:
+    cache = Cache(30)
+    for start in (0, 10, 20, 30):
+        cache.put((1, start), bytes(10))
+    cache.get((1, 0))
+    dropped = cache.evict(lambda key, size: True)
+    assert dropped == [(1, 10)] and cache.size == 30
+    assert cache.evict(lambda key, size: True) == []
+
+
+def test_drop_segment_frees_its_blocks_and_wakes_tails() -> None:
+    index = ReadIndex(Cache(1 << 20), block_bytes=10)
+    index.append(1, 0, b"x" * 25)
+    waiter = index.register_waiter(1)
+    index.drop_segment(1)
+    assert waiter.done() and index.cache.size == 0 and index.read(1, 0, 10) == b""

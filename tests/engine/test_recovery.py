@@ -1,0 +1,348 @@
+"""Recovery: state survives restarts at any point, epochs grow, damaged stores refuse to start."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from engine import (
+    BadOffset,
+    ContainerNotReady,
+    DataCorrupted,
+    SegmentExists,
+    SegmentNotFound,
+    SegmentSealed,
+    SegmentStore,
+)
+from engine import operations as ops
+from engine.durable_log.frames import encode_batch
+from engine.naming import parse_log_file_name, segment_object_key, tier1_dir
+from tests.engine.conftest import Node, logged_operations, small_settings
+
+W1, W2 = uuid.UUID(int=11), uuid.UUID(int=12)
+
+# Replayed: nothing reaches Tier 2, every restart replays Tier 1.
+# Truncated: everything is flushed and Tier 1 truncated before each restart.
+MODES = {
+    "replayed": {"flush_threshold_ms": 60_000, "flush_threshold_bytes": 1 << 20},
+    "truncated": {"checkpoint_every_bytes": 1},
+}
+
+
+TICK = "tick"  # a segment whose appends make Tier 1 log checkpoints; not part of the state
+
+
+def state(store: SegmentStore) -> dict[str, Any]:
+    """Everything a client can observe about every segment (the flush progress aside)."""
+    segments, _ = store.list(limit=1000)
+    return {
+        info.name: (
+            dataclasses.replace(info, storage_length=0),
+            store.read(info.name, info.start_offset, info.length).data,
+            store.writer_event_number(info.name, W1),
+            store.writer_event_number(info.name, W2),
+        )
+        for info in segments
+        if info.name != TICK
+    }
+
+
+def settle(node: Node, mode: str) -> None:
+    if mode == "truncated":
+        node.truncate_tier1(TICK)
+        tick_id = node.store.info(TICK).segment_id
+        appends = [op for op in logged_operations(node.data_log) if isinstance(op, ops.Append)]
+        assert all(op.segment_id == tick_id for op in appends)
+
+
+STEPS: list[tuple[str, Callable[[SegmentStore], object]]] = [
+    ("create", lambda s: (s.create("a"), s.create("b/c"), s.create("d"))),
+    ("appends", lambda s: [s.append("a", os.urandom(300), writer_id=W1, event_number=i) for i in range(5)]),
+    ("events", lambda s: s.append("b/c", b"xyz" * 50, writer_id=W2, event_number=9, event_count=3)),
+    ("seal", lambda s: s.seal("b/c")),
+    ("truncate", lambda s: s.truncate("a", 700)),
+    ("delete", lambda s: s.delete("d")),
+    ("recreate", lambda s: (s.create("d"), s.append("d", b"second life"))),
+    ("more", lambda s: s.append("a", os.urandom(5000))),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_survives_a_restart_after_every_step(make_node: Callable[..., Node], mode: str) -> None:
+    node = make_node(**MODES[mode])
+    for step, action in STEPS:
+        action(node.store)
+        settle(node, mode)
+        expected = state(node.store)
+        node.restart()
+        assert state(node.store) == expected, step
+    assert node.store.info("d").segment_id != 3  # the first "d" was segment 3
+    assert node.store.append("a", b"!", writer_id=W1, event_number=4).duplicate
+    with pytest.raises(SegmentNotFound):
+        node.store.info("never")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_epoch_grows_by_one_on_every_start(make_node: Callable[..., Node], mode: str) -> None:
+    node = make_node(**MODES[mode])
+    node.store.create("s")
+    epochs = [node.container.metadata.epoch]
+    for i in range(4):
+        node.store.append("s", b"x" * (i + 1))
+        settle(node, mode)
+        node.restart()
+        epochs.append(node.container.metadata.epoch)
+    assert epochs == [1, 2, 3, 4, 5]
+
+
+def test_sequence_numbers_strictly_increase_across_restarts(make_node: Callable[..., Node]) -> None:
+    node = make_node(**MODES["replayed"])
+    node.store.create("s")
+    node.store.append("s", b"x")  # unflushed: Tier 1 keeps every write from here on
+    for _ in range(3):
+        node.restart()
+    node.store.append("s", b"y")
+    seqs = [op.seq for op in logged_operations(node.data_log)]
+    assert seqs == sorted(set(seqs)), seqs
+
+
+def test_torn_tail_of_the_memory_log_is_dropped(node: Node) -> None:
+    node.store.create("s")
+    node.store.append("s", b"acked")
+    torn, _ = encode_batch(b"never acknowledged", 10_000, node.settings.max_frame_bytes)
+    node.store.close()
+    node.data_log.writes.append(torn[:-3])
+    node.restart()
+    assert node.store.read("s").data == b"acked"
+    node.store.append("s", b"!")
+    assert node.store.read("s").data == b"acked!"
+
+
+def test_store_is_not_ready_until_recovered(make_node: Callable[..., Node]) -> None:
+    node = make_node()
+    node.store.create("s")
+    node.restart(wait=False, hold_tier1=True)
+    assert not node.store.ready
+    with pytest.raises(ContainerNotReady):
+        node.store.wait_ready(0.01)
+    with pytest.raises(ContainerNotReady):
+        node.store.append("s", b"x")
+    with pytest.raises(ContainerNotReady):
+        node.store.read("s")
+    node.data_log.gate.set()
+    node.store.wait_ready(5)
+    assert node.store.ready and node.store.failure is None
+    node.store.append("s", b"x")
+
+
+def test_tier2_object_longer_than_its_segment_fails_recovery(node: Node) -> None:
+    node.store.create("s")
+    node.store.append("s", b"abc")
+    node.store.flush()
+    seg_key = segment_object_key(0, "s", node.store.info("s").segment_id)
+    node.store.close()
+    node.storage.objects[seg_key] += b"extra"
+    node.restart(wait=False)
+    with pytest.raises(ContainerNotReady) as info:
+        node.store.wait_ready(5)
+    assert isinstance(info.value.__cause__, DataCorrupted)
+    assert not node.store.ready
+    assert node.store.failure is not None and "container 0" in node.store.failure
+    assert "Tier 2 holds 8 bytes" in node.store.failure
+    with pytest.raises(ContainerNotReady):
+        node.store.info("s")
+
+
+def test_bytes_in_neither_tier_fail_recovery(make_node: Callable[..., Node]) -> None:
+    node = make_node(**MODES["truncated"])
+    node.store.create("s")
+    node.store.append("s", b"0123456789")
+    settle(node, "truncated")
+    node.store.close()
+    node.storage.objects[segment_object_key(0, "s", 1)] = bytearray(b"01234")  # Tier 2 lost bytes
+    node.restart(wait=False)
+    with pytest.raises(ContainerNotReady) as info:
+        node.store.wait_ready(5)
+    assert isinstance(info.value.__cause__, DataCorrupted)
+
+
+def test_file_store_recovers_after_a_torn_write(tmp_path: Path) -> None:
+    settings = small_settings(tmp_path)
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    store.create("s")
+    store.append("s", b"acked")
+    store.close()
+    folder = tier1_dir(tmp_path, 0)
+    newest = max(folder.iterdir(), key=lambda p: parse_log_file_name(p.name) or -1)
+    with open(newest, "ab") as fh:
+        fh.write(b"\x00\x00\x00\x40torn")
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    try:
+        assert store.read("s").data == b"acked"
+        store.append("s", b"!")
+    finally:
+        store.close()
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    try:
+        assert store.read("s").data == b"acked!"
+    finally:
+        store.close()
+
+
+def test_file_store_with_a_corrupt_older_log_file_does_not_start(tmp_path: Path) -> None:
+    settings = small_settings(tmp_path, tier1_file_bytes=1, flush_threshold_ms=60_000)
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    store.create("s")
+    store.append("s", b"x" * 100)
+    store.close()
+    oldest = min(tier1_dir(tmp_path, 0).iterdir(), key=lambda p: parse_log_file_name(p.name) or -1)
+    data = bytearray(oldest.read_bytes())
+    data[-1] ^= 1
+    oldest.write_bytes(data)
+    store = SegmentStore(settings)
+    store.start()
+    try:
+        with pytest.raises(ContainerNotReady) as info:
+            store.wait_ready(5)
+        assert isinstance(info.value.__cause__, DataCorrupted)
+    finally:
+        store.close()
+
+
+NAMES = st.sampled_from(["a", "b/c", "d é"])
+
+
+class SegmentModel:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.start = 0
+        self.sealed = False
+        self.events = 0
+        self.last_event: int | None = None
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Random requests, flushes and restarts against a plain model of the segments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = Node(
+            small_settings(
+                checkpoint_every_bytes=300,
+                flush_threshold_ms=5,
+                flush_threshold_bytes=500,
+                cache_max_bytes=1024,
+                cache_block_bytes=128,
+            )
+        ).start()
+        self.model: dict[str, SegmentModel] = {}
+
+    @property
+    def store(self) -> SegmentStore:
+        return self.node.store
+
+    @rule(name=NAMES)
+    def create(self, name: str) -> None:
+        if name in self.model:
+            with pytest.raises(SegmentExists):
+                self.store.create(name)
+        else:
+            self.store.create(name)
+            self.model[name] = SegmentModel()
+
+    @rule(name=NAMES, data=st.binary(min_size=1, max_size=400), event=st.none() | st.integers(0, 6))
+    def append(self, name: str, data: bytes, event: int | None) -> None:
+        seg = self.model.get(name)
+        writer = None if event is None else W1
+        if seg is None or seg.sealed:
+            with pytest.raises(SegmentNotFound if seg is None else SegmentSealed):
+                self.store.append(name, data, writer_id=writer, event_number=event)
+            return
+        result = self.store.append(name, data, writer_id=writer, event_number=event)
+        if event is not None and seg.last_event is not None and event <= seg.last_event:
+            assert result.duplicate and result.event_number == seg.last_event
+            return
+        assert result.offset == len(seg.data) and not result.duplicate
+        seg.data += data
+        seg.events += 1
+        if event is not None:
+            seg.last_event = event
+
+    @rule(name=NAMES, fraction=st.floats(0, 1.2))
+    def truncate(self, name: str, fraction: float) -> None:
+        seg = self.model.get(name)
+        if seg is None:
+            return
+        offset = int(len(seg.data) * fraction)
+        if offset > len(seg.data):
+            with pytest.raises(SegmentSealed if seg.sealed else BadOffset):
+                self.store.truncate(name, offset)
+            return
+        self.store.truncate(name, offset)
+        seg.start = max(seg.start, offset)
+
+    @rule(name=NAMES)
+    def seal(self, name: str) -> None:
+        if name in self.model:
+            self.store.seal(name)
+            self.model[name].sealed = True
+
+    @rule(name=NAMES)
+    def delete(self, name: str) -> None:
+        if name in self.model:
+            self.store.delete(name)
+            del self.model[name]
+        else:
+            with pytest.raises(SegmentNotFound):
+                self.store.delete(name)
+
+    @rule()
+    def flush(self) -> None:
+        self.store.flush()
+
+    @rule()
+    def restart(self) -> None:
+        self.node.restart()
+
+    @rule(name=NAMES, at=st.floats(0, 1), length=st.integers(1, 2000))
+    def read(self, name: str, at: float, length: int) -> None:
+        seg = self.model.get(name)
+        if seg is None:
+            return
+        offset = seg.start + int((len(seg.data) - seg.start) * at)
+        assert self.store.read(name, offset, length).data == bytes(seg.data[offset : offset + length])
+
+    @invariant()
+    def segments_match(self) -> None:
+        infos = {info.name: info for info in self.store.list()[0]}
+        assert set(infos) == set(self.model)
+        for name, seg in self.model.items():
+            info = infos[name]
+            assert (info.length, info.start_offset, info.sealed, info.event_count) == (
+                len(seg.data),
+                seg.start,
+                seg.sealed,
+                seg.events,
+            )
+            assert info.start_offset <= info.length and info.storage_length <= info.length
+            assert self.store.writer_event_number(name, W1) == seg.last_event
+
+    def teardown(self) -> None:
+        self.node.close()
+
+
+StoreMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_store_matches_a_model_across_restarts = StoreMachine.TestCase
