@@ -34,7 +34,6 @@ import platform
 import queue
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +47,7 @@ from typing import Any
 
 import requests
 
-from tests.serverproc import ROOT, ServerProcess
+from tests.serverproc import ServerProcess
 
 HOST = "127.0.0.1"
 KiB = 1024
@@ -302,34 +301,6 @@ def _collect(results: Any, procs: list[Any]) -> tuple[LoadTally, list[str]]:
 
 
 # ------------------------------------------------------------ servers and /proc
-class BareServer(ServerProcess):
-    """``bench.bare_app`` under the same gunicorn command and config as segstore."""
-
-    app_spec = "bench.bare_app:create_app()"
-
-    def start(self, *, timeout_s: float = 60.0) -> BareServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", self.app_spec],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"bare server exited: {self.log_tail()}")
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"bare server not ready in {timeout_s}s: {self.log_tail()}")
-
-
 def _worker_pid(server: ServerProcess) -> int:
     """The gunicorn worker: the arbiter's only child."""
     assert server.proc is not None
@@ -551,7 +522,7 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
     tails: list[TailResult] = []
     with (
         ServerProcess(workdir / "data", env=SERVER_ENV) as server,
-        BareServer(workdir / "bare", env=SERVER_ENV) as bare,
+        ServerProcess(workdir / "bare", env=SERVER_ENV, app="bench.bare_app:create_app()") as bare,
     ):
         for r in range(plan.repeat):
             _progress(f"run {r + 1}/{plan.repeat}: disk fdatasync")

@@ -5,6 +5,7 @@ Used by tests that need a real socket: crash tests, generated SDKs, clients.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,10 +26,22 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """gunicorn + gevent serving ``app:create_app()`` on a loopback port."""
+    """gunicorn + gevent serving ``app`` (default segstore's) on a loopback port.
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, env: dict[str, str] | None = None):
+    The server runs in its own process group, so a kill reaches the arbiter
+    and its worker at the same instant, as a machine crash would.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        app: str = "app:create_app()",
+    ):
         self.data_dir = Path(data_dir)
+        self.app = app
         self.port = port or free_port()
         self.env = {
             **os.environ,
@@ -48,11 +61,12 @@ class ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "app:create_app()"],
+            [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", self.app],
             cwd=ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -75,14 +89,15 @@ class ServerProcess:
             return ""
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (arbiter and worker), as a crash would."""
-        if self.proc and self.proc.poll() is None:
-            for pid in _children(self.proc.pid) + [self.proc.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait(10)
+        """SIGKILL arbiter and worker at once and wait until both are gone."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def stop(self, timeout_s: float = 40.0) -> int:
         """SIGTERM and wait for a graceful exit; returns the exit code."""
@@ -103,9 +118,13 @@ class ServerProcess:
                 self.kill()
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    except FileNotFoundError:
-        return []
-    return [int(p) for p in out.split()]
+def _group_alive(pgid: int) -> bool:
+    """True while a process of the group is still running (zombies awaiting reaping are dead)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
