@@ -9,6 +9,7 @@ set small.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from prometheus_client import (
@@ -30,6 +31,7 @@ class HttpMetrics:
     """Requests by route, method and status, and their latency (time to the response headers)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.requests = Counter(
             "segstore_http_requests",
             "HTTP requests answered, by route pattern, method and status.",
@@ -61,6 +63,15 @@ class HttpMetrics:
             ),
         )
 
+    def children(self, route: str, method: str, status: int) -> tuple[Any, Any]:
+        """The labelled counter and histogram, looked up once per combination (hot path)."""
+        key = (route, method, status)
+        found = self._children.get(key)
+        if found is None:
+            found = (self.requests.labels(route, method, str(status)), self.latency.labels(route, method))
+            self._children[key] = found
+        return found
+
 
 def _store() -> SegmentStore:
     return current_app.extensions["segstore"]
@@ -73,10 +84,11 @@ def _start_timer() -> None:
 def _record(response: Response) -> Response:
     metrics: HttpMetrics = current_app.extensions[_METRICS_KEY]
     route = g.get("route") or (request.url_rule.rule if request.url_rule else "unmatched")
-    metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    counter, latency = metrics.children(route, request.method, response.status_code)
+    counter.inc()
     started = g.get("request_started")
     if started is not None:
-        metrics.latency.labels(route, request.method).observe(time.perf_counter() - started)
+        latency.observe(time.perf_counter() - started)
     return response
 
 

@@ -10,6 +10,7 @@ no storage logic lives here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -117,9 +118,8 @@ def append(name: str) -> Response:
     else:
         headers["Segment-Offset"] = str(result.offset)
         body = {"offset": result.offset, "length": result.info.length}
-    response = jsonify(body)
-    response.headers.update(headers)
-    return response
+    # The hot path: a direct Response is measurably cheaper than jsonify().
+    return Response(json.dumps(body, separators=(",", ":")), headers=headers, mimetype="application/json")
 
 
 def _etag(result: ReadResult) -> str:

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import Future
 
 from engine import operations as ops
 from engine.blocking import run_blocking
@@ -157,8 +156,7 @@ class SegmentContainer:
 
     def _submit(self, op: ops.Operation) -> Outcome:
         self._check_ready()
-        future: Future[Outcome] = self.durable_log.add(op)
-        return future.result()
+        return self.durable_log.add(op).result()
 
     # ------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None) -> SegmentInfo:

@@ -6,6 +6,8 @@ HTTP layer adds its request metrics to the same registry and serves it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -28,6 +30,7 @@ class EngineMetrics:
             "Appends answered as duplicates of an earlier event number.",
             registry=registry,
         )
+        self._latency_by_type: dict[type, Any] = {}
         self.operation_latency = Histogram(
             "segstore_operation_latency_seconds",
             "Time from queueing an operation to its durable acknowledgement.",
@@ -68,3 +71,10 @@ class EngineMetrics:
         self.cache_bytes = Gauge(
             "segstore_cache_bytes", "Bytes held by the read cache.", ["container"], registry=registry
         )
+
+    def observe_latency(self, op: object, seconds: float) -> None:
+        """Queue-to-durable latency by operation type (label child looked up once per type)."""
+        child = self._latency_by_type.get(type(op))
+        if child is None:
+            child = self._latency_by_type[type(op)] = self.operation_latency.labels(type(op).__name__)
+        child.observe(seconds)

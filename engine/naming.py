@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -24,6 +25,7 @@ _LOG_FILE = re.compile(r"^(\d{20})\.log$")
 _MAX_KEY_PART = 180
 
 
+@functools.lru_cache(maxsize=65536)
 def validate_segment_name(name: str) -> str:
     """Return ``name`` if it is a valid segment name, else raise InvalidName saying why."""
     size = len(name.encode("utf-8", "surrogatepass"))
@@ -42,6 +44,7 @@ def validate_segment_name(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=65536)
 def container_for(name: str, container_count: int) -> int:
     """The container that owns ``name``: stable across processes and versions."""
     digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()

@@ -24,12 +24,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from engine import operations as ops
 from engine.blocking import run_blocking
 from engine.config import Settings
+from engine.durable_log.completion import Completion
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog
@@ -47,7 +47,7 @@ _BATCH_MAX_BYTES = 16 * 1024 * 1024
 @dataclass(slots=True)
 class _Pending:
     op: ops.Operation
-    future: Future[Outcome]
+    future: Completion[Outcome]
     queued_at: float
 
 
@@ -139,9 +139,9 @@ class DurableLog:
         run_blocking(self.data_log.close)
 
     # --------------------------------------------------------------- requests
-    def add(self, op: ops.Operation) -> Future[Outcome]:
+    def add(self, op: ops.Operation) -> Completion[Outcome]:
         """Queue an operation; the future resolves once it is durable (or refused)."""
-        future: Future[Outcome] = Future()
+        future: Completion[Outcome] = Completion()
         with self._cond:
             if self._closed or self._failure:
                 raise ContainerNotReady(self._failure or "the container is stopping")
@@ -188,7 +188,7 @@ class DurableLog:
     def _process(self, batch: list[_Pending]) -> None:
         updater = MetadataUpdater(self.metadata)
         if self._bytes_since_checkpoint >= self.settings.checkpoint_every_bytes:
-            batch.insert(0, _Pending(ops.MetadataCheckpoint(), Future(), time.monotonic()))
+            batch.insert(0, _Pending(ops.MetadataCheckpoint(), Completion(), time.monotonic()))
         accepted: list[tuple[_Pending, Outcome]] = []
         refused: list[tuple[_Pending, SegstoreError]] = []
         for item in batch:
@@ -216,9 +216,7 @@ class DurableLog:
         self._apply(logged)
         now = time.monotonic()
         for item, outcome in accepted:
-            self.metrics.operation_latency.labels(type(item.op).__name__).observe(
-                now - item.queued_at
-            )
+            self.metrics.observe_latency(item.op, now - item.queued_at)
             item.future.set_result(outcome)
         for item, error in refused:
             item.future.set_exception(error)
