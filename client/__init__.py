@@ -1,0 +1,1 @@
+"""segstore's Python client: speaks HTTP only and never imports ``engine``."""
