@@ -15,9 +15,11 @@ and length never decrease, sequence numbers strictly increase.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import threading
 import time
+from collections import ChainMap
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,7 +50,7 @@ class SegmentMetadata:
     deleted: bool = False
     event_count: int = 0
     # Writer ids (UUID strings) -> last event number stored with an append.
-    attributes: dict[str, int] = field(default_factory=dict)
+    attributes: MutableMapping[str, int] = field(default_factory=dict)
 
     def check(self) -> None:
         assert 0 <= self.start_offset <= self.length, self
@@ -111,11 +113,11 @@ class ContainerMetadata:
 
     # --------------------------------------------------------------- lookups
     def by_name(self, name: str) -> SegmentMetadata:
-        with self.lock:
-            seg_id = self.names.get(name)
-            if seg_id is None:
-                raise SegmentNotFound(f"segment {name!r} does not exist")
-            return self.segments[seg_id]
+        """The live segment called ``name``; the caller holds ``lock``."""
+        seg_id = self.names.get(name)
+        if seg_id is None:
+            raise SegmentNotFound(f"segment {name!r} does not exist")
+        return self.segments[seg_id]
 
     def info(self, name: str) -> SegmentInfo:
         with self.lock:
@@ -234,7 +236,9 @@ class MetadataUpdater:
         if seg_id is None:
             raise SegmentNotFound(f"segment {name!r} does not exist")
         if seg_id not in self._segments:
-            self._segments[seg_id] = copy.deepcopy(self.base.segments[seg_id])
+            base = self.base.segments[seg_id]
+            # O(1) copy: the batch's attribute changes shadow the committed ones.
+            self._segments[seg_id] = dataclasses.replace(base, attributes=ChainMap({}, base.attributes))
         return self._segments[seg_id]
 
     def segment_info(self, name: str) -> SegmentInfo:

@@ -72,7 +72,7 @@ class DurableLog:
         self.memory_log = OperationLog()
         self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
@@ -239,16 +239,20 @@ class DurableLog:
     def _apply(self, logged: list[ops.Operation]) -> None:
         """Commit durable operations: metadata, read index, memory log, tails."""
         grown: set[int] = set()
+        appends = appended_bytes = 0
         for op in logged:
             self.metadata.apply(op)
             if isinstance(op, ops.Append):
                 assert op.data is not None
                 self.read_index.append(op.segment_id, op.offset, op.data)
                 op.data = None
-                self.metrics.appends.inc()
-                self.metrics.append_bytes.inc(op.length)
+                appends += 1
+                appended_bytes += op.length
             if isinstance(op, ops.SegmentOperation):
                 grown.add(op.segment_id)
+        if appends:
+            self.metrics.appends.inc(appends)
+            self.metrics.append_bytes.inc(appended_bytes)
         self.memory_log.add(logged)
         if logged:
             self.last_committed_seq = logged[-1].seq

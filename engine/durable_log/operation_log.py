@@ -18,7 +18,7 @@ class OperationLog:
 
     def __init__(self) -> None:
         self._ops: deque[Operation] = deque()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._closed = False
 
     def add(self, ops: list[Operation]) -> None:
