@@ -1,8 +1,8 @@
-"""Tier 2: long-term storage behind the ChunkStorage seam (seed 002).
+"""Tier 2: long-term storage (seed 002, PDP-34 "Simplified Tier 2").
 
-For now a segment's Tier 2 data is one object, written by appending at its
-end; chunked segment storage (segments as linked lists of chunks, S3) fills
-this seam out later.
+``chunk_storage`` is the seam every binding implements (``local``, ``s3``,
+``memory``, and the ``faults`` wrapper for tests); ``chunked`` builds
+segments out of chunks on top of any of them.
 """
 
 from engine.tier2.chunk_storage import ChunkStorage
