@@ -27,8 +27,15 @@ class Settings:
 
     data_dir: str = "./data"
     bind: str = "127.0.0.1:8080"
-    # Tier 2 location: a folder (default: <data_dir>/tier2).
+    # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
+    # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
+    s3_endpoint: str = ""
+    # A segment's Tier 2 chunk rolls over at this size (per segment: PUT {"rollover_bytes": n}).
+    rollover_bytes: int = 128 * MiB
+    # Runs of at least defrag_min_chunks chunks smaller than defrag_small_bytes are joined.
+    defrag_min_chunks: int = 8
+    defrag_small_bytes: int = 8 * MiB
     container_count: int = 4
     max_append_bytes: int = 8 * MiB
     max_read_bytes: int = 8 * MiB
@@ -42,9 +49,12 @@ class Settings:
     flush_threshold_ms: int = 1000
     # Appends answer 503 once this many acknowledged bytes wait for Tier 2.
     tier1_backlog_max_bytes: int = 1024 * MiB
-    # Read cache: flushed blocks are evicted past this size; cache_block_bytes per block.
+    # Read cache: flushed blocks are evicted past this size; appends fill blocks of cache_block_bytes.
     cache_max_bytes: int = 256 * MiB
     cache_block_bytes: int = 1 * MiB
+    # Cache misses read Tier 2 in aligned blocks; sequential readers get read_ahead_bytes more.
+    storage_read_block_bytes: int = 1 * MiB
+    read_ahead_bytes: int = 8 * MiB
     # Tail reads: the longest `wait` a client may ask for; SSE keep-alive period.
     tail_wait_max_s: float = 60.0
     sse_keepalive_s: float = 15.0
@@ -66,7 +76,18 @@ class Settings:
 
     @property
     def tier2_path(self) -> Path:
+        """The Tier 2 folder (when Tier 2 is not S3)."""
         return Path(self.tier2) if self.tier2 else self.data_path / "tier2"
+
+    @property
+    def tier2_s3(self) -> tuple[str, str] | None:
+        """(bucket, prefix) when Tier 2 is ``s3://bucket/prefix``, else None."""
+        if not self.tier2.startswith("s3://"):
+            return None
+        bucket, _, prefix = self.tier2.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise InvalidArgument(f"setting tier2={self.tier2!r} names no bucket")
+        return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -85,9 +106,7 @@ def _convert(name: str, kind: str, raw: Any) -> Any:
         raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}") from None
 
 
-def load_settings(
-    environ: Mapping[str, str] | None = None, **overrides: Any
-) -> Settings:
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build the settings from defaults, ``SEGSTORE_CONFIG``, ``SEGSTORE_*`` and overrides."""
     env = os.environ if environ is None else environ
     kinds = {f.name: str(f.type) for f in fields(Settings)}

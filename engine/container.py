@@ -1,10 +1,12 @@
 """SegmentContainer: one shard of segments and its components (seed 000 "Segment Containers").
 
-It receives its Tier 1 log and Tier 2 storage from outside (easy to test
-with the in-memory twins), builds metadata, cache, read index, durable log
-and storage writer, recovers them on ``start`` and turns requests into log
-operations. Reads are served by the read index, from the cache or, for
-evicted data, from Tier 2 in ``cache_block_bytes`` pieces.
+It receives its Tier 1 log and Tier 2 chunk storage from outside (easy to
+test with the in-memory twins), builds metadata, cache, read index, durable
+log, chunked segment storage and storage writer, recovers them on ``start``
+and turns requests into log operations. Reads are served by the read index,
+from the cache or, for evicted data, from Tier 2 in aligned
+``storage_read_block_bytes`` blocks; a sequential reader's next
+``read_ahead_bytes`` are fetched in the background.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import time
 import uuid
 
 from engine import operations as ops
-from engine.blocking import run_blocking
 from engine.cache import Cache
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
@@ -29,13 +30,14 @@ from engine.errors import (
     PayloadTooLarge,
     SegmentNotFound,
     SegmentTruncated,
+    SegstoreError,
     Throttled,
 )
 from engine.metadata import ContainerMetadata, Outcome
 from engine.metrics import EngineMetrics
-from engine.naming import segment_object_key
 from engine.read_index import ReadIndex
-from engine.tier2 import ChunkStorage
+from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
+from engine.tier2.chunked import ChunkedSegmentStorage
 from engine.types import AppendResult, ReadResult, SegmentInfo
 from engine.writer import StorageWriter
 
@@ -57,13 +59,13 @@ class SegmentContainer:
     ) -> None:
         self.container_id = container_id
         self.settings = settings
-        self.storage = storage
+        self.chunked = ChunkedSegmentStorage(storage, container_id)
         self.metadata = ContainerMetadata(container_id)
         cache = Cache(max(settings.cache_max_bytes // settings.container_count, 1))
         self.read_index = ReadIndex(cache, block_bytes=settings.cache_block_bytes)
         self.durable_log = DurableLog(settings, data_log, self.metadata, self.read_index, metrics)
         self.writer = StorageWriter(
-            container_id, settings, self.durable_log, self.metadata, self.read_index, storage, metrics
+            container_id, settings, self.durable_log, self.metadata, self.read_index, self.chunked, metrics
         )
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -71,6 +73,8 @@ class SegmentContainer:
         self._draining = False
         self._thread: threading.Thread | None = None
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
+        self._read_ends: dict[int, int] = {}  # segment id -> end of its last Tier 2 fetch
+        self._prefetching: set[int] = set()
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -84,7 +88,7 @@ class SegmentContainer:
         started = time.monotonic()
         try:
             replayed = self.durable_log.recover()
-            self._reconcile_tier2()
+            self._collect_garbage()
             self.durable_log.check_recovered_data()
             self.durable_log.start()
             self.writer.start()
@@ -93,22 +97,23 @@ class SegmentContainer:
             self._failure = exc
             self._ready.set()
             return
-        log.info("container %d: epoch %d, %d operations replayed in %.2fs",
-                 self.container_id, self.metadata.epoch, replayed, time.monotonic() - started)
+        log.info(
+            "container %d: epoch %d, %d operations replayed in %.2fs",
+            self.container_id,
+            self.metadata.epoch,
+            replayed,
+            time.monotonic() - started,
+        )
         self._ready.set()
 
-    def _reconcile_tier2(self) -> None:
-        """Take each segment's storage length from what Tier 2 really holds (seed 000 recovery)."""
+    def _collect_garbage(self) -> None:
+        """Start the new epoch in Tier 2: drop older epochs' chunks that no layout names."""
+        self.chunked.epoch = self.metadata.epoch
         with self.metadata.lock:
-            segments = [s for s in self.metadata.segments.values() if not s.deleted]
-        for seg in segments:
-            key = segment_object_key(self.container_id, seg.name, seg.segment_id)
-            actual = run_blocking(self.storage.length, key)
-            if actual > seg.length:
-                raise DataCorrupted(
-                    f"segment {seg.name!r}: Tier 2 holds {actual} bytes but its length is {seg.length}"
-                )
-            self.metadata.reconcile_storage_length(seg.segment_id, actual)
+            referenced = {c.name for s in self.metadata.segments.values() for c in s.chunks}
+        dropped = self.chunked.collect_garbage(referenced)
+        if dropped:
+            log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
 
     @property
     def failure(self) -> str | None:
@@ -163,6 +168,32 @@ class SegmentContainer:
         if rollover_bytes is not None and not 0 < rollover_bytes <= _INT64_MAX:
             raise InvalidArgument(f"rollover_bytes must be a positive int64, got {rollover_bytes}")
         self._submit(ops.CreateSegment(name=name, created=time.time(), rollover_bytes=rollover_bytes))
+        return self.metadata.info(name)
+
+    def export_layout(self, name: str, timeout_s: float) -> str:
+        """Flush the segment to Tier 2 and write its layout next to its chunks; returns the key."""
+        self._check_ready()
+        self.writer.flush(timeout_s)
+        with self.metadata.lock:
+            seg = self.metadata.by_name(name)
+            chunks, length = list(seg.chunks), seg.storage_length
+        try:
+            return self.chunked.export_layout(name, chunks, length)
+        except ChunkStorageError as exc:
+            raise Throttled(f"Tier 2 cannot be written now: {exc}", retry_after_s=1) from exc
+
+    def import_segment(self, name: str) -> SegmentInfo:
+        """Create ``name`` from its exported layout: its chunks become the segment's bytes."""
+        self._check_ready()
+        try:
+            chunks, length = self.chunked.import_layout(name)
+        except ChunkNotFound as exc:
+            raise SegmentNotFound(str(exc)) from None
+        except ChunkStorageError as exc:
+            raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
+        self._submit(
+            ops.CreateSegment(name=name, created=time.time(), chunks=[list(c) for c in chunks], length=length)
+        )
         return self.metadata.info(name)
 
     def append(
@@ -238,9 +269,7 @@ class SegmentContainer:
             return [self.metadata.by_name(n).info() for n in names]
 
     # ------------------------------------------------------------------ reads
-    def read(
-        self, name: str, offset: int | None, max_length: int | None, *, wait_s: float
-    ) -> ReadResult:
+    def read(self, name: str, offset: int | None, max_length: int | None, *, wait_s: float) -> ReadResult:
         self._check_ready()
         if max_length is not None and max_length < 0:
             raise InvalidArgument(f"read length must be >= 0, got {max_length}")
@@ -300,29 +329,63 @@ class SegmentContainer:
         return b"".join(parts)
 
     def _read_tier2(self, segment_id: int, name: str, pos: int, end: int) -> bytes:
-        """Fetch an evicted range from Tier 2 in aligned blocks and cache it."""
-        block = self.settings.cache_block_bytes
-        fetch_from = pos - pos % block
+        """Fetch an evicted range from Tier 2 in aligned blocks, cache it, maybe read ahead."""
+        block = self.settings.storage_read_block_bytes
+        fetch_to = -(-end // block) * block
+        fetched = self._fetch(segment_id, name, pos - pos % block, fetch_to)
+        if fetched is None:
+            raise SegmentNotFound(f"segment {name!r} was deleted")
+        start, data = fetched
+        if pos - start >= len(data):
+            raise DataCorrupted(f"segment {name!r}: Tier 2 has no bytes at {pos}")
+        sequential = self._read_ends.get(segment_id, -1) >= start
+        self._read_ends[segment_id] = start + len(data)
+        if sequential and self.settings.read_ahead_bytes and segment_id not in self._prefetching:
+            self._prefetching.add(segment_id)
+            threading.Thread(
+                target=self._read_ahead, args=(segment_id, name, start + len(data)), daemon=True
+            ).start()
+        return data[pos - start : end - start]
+
+    def _fetch(self, segment_id: int, name: str, start: int, end: int) -> tuple[int, bytes] | None:
+        """Read [start, end) of the segment's Tier 2 bytes, clipped to its layout, into the cache."""
         with self.metadata.lock:
             seg = self.metadata.segments.get(segment_id)
             if seg is None or seg.deleted:
-                raise SegmentNotFound(f"segment {name!r} was deleted")
-            storage_length = seg.storage_length
-        fetch_to = min(fetch_from + block * max(1, -(-(end - fetch_from) // block)), storage_length)
-        next_cached = self.read_index.next_cached(segment_id, pos)
+                return None
+            chunks = list(seg.chunks)
+            start_offset = seg.start_offset
+        if not chunks:
+            return start, b""
+        start = max(start, chunks[0].start)
+        end = min(end, chunks[-1].end)
+        next_cached = self.read_index.next_cached(segment_id, start)
         if next_cached is not None:
-            fetch_to = min(fetch_to, next_cached)
-        key = segment_object_key(self.container_id, name, segment_id)
-        data = run_blocking(self.storage.read, key, fetch_from, fetch_to - fetch_from)
-        if len(data) < pos - fetch_from + 1:
+            end = min(end, next_cached)
+        if end <= start:
+            return start, b""
+        try:
+            data = self.chunked.read(chunks, start, end - start)
+        except ChunkNotFound:
+            # Truncation or deletion raced this read and removed the chunk.
             with self.metadata.lock:
-                gone = segment_id not in self.metadata.segments
-            if gone:
-                raise SegmentNotFound(f"segment {name!r} was deleted")
-            raise DataCorrupted(
-                f"segment {name!r}: Tier 2 returned {len(data)} bytes at {fetch_from}, "
-                f"needed up to {pos + 1}"
-            )
-        self.read_index.insert(segment_id, fetch_from, data)
+                seg = self.metadata.segments.get(segment_id)
+                truncated = seg is not None and not seg.deleted and seg.start_offset > start_offset
+            if truncated:
+                raise SegmentTruncated(f"segment {name!r} was truncated during the read") from None
+            return None
+        except ChunkStorageError as exc:
+            raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
+        self.read_index.insert(segment_id, start, data)
         self.read_index.evict(self.metadata.storage_lengths())
-        return data[pos - fetch_from : end - fetch_from]
+        return start, data
+
+    def _read_ahead(self, segment_id: int, name: str, start: int) -> None:
+        """Bring a sequential reader's next bytes into the cache before it asks for them."""
+        try:
+            if self.read_index.cached_end(segment_id, start) == start:
+                self._fetch(segment_id, name, start, start + self.settings.read_ahead_bytes)
+        except (ChunkStorageError, OSError, SegstoreError) as exc:
+            log.debug("read-ahead of %s at %d failed: %s", name, start, exc)
+        finally:
+            self._prefetching.discard(segment_id)

@@ -32,6 +32,7 @@ from engine.errors import (
     SegmentNotFound,
     SegmentSealed,
 )
+from engine.tier2.chunked import ChunkRef, check_layout, layout_from_json
 from engine.types import SegmentInfo
 
 
@@ -51,6 +52,8 @@ class SegmentMetadata:
     event_count: int = 0
     # Writer ids (UUID strings) -> last event number stored with an append.
     attributes: MutableMapping[str, int] = field(default_factory=dict)
+    # Tier 2 layout: the chunks holding [first chunk's start, storage_length).
+    chunks: list[ChunkRef] = field(default_factory=list)
 
     def check(self) -> None:
         assert 0 <= self.start_offset <= self.length, self
@@ -93,9 +96,25 @@ class SegmentMetadata:
             self.deleted = True
         elif isinstance(op, ops.UpdateAttributes):
             self.attributes.update(op.attributes)
+        elif isinstance(op, ops.UpdateLayout):
+            self.chunks = layout_from_json(op.chunks)
+            self.storage_length = op.storage_length
+            check_layout(self.chunks, self.storage_length, self.start_offset)
         else:
             raise AssertionError(f"not a segment operation: {op!r}")
         self.check()
+
+
+def new_segment(op: ops.CreateSegment) -> SegmentMetadata:
+    """The metadata a create starts a segment with (empty, or an imported layout)."""
+    seg = SegmentMetadata(op.segment_id, op.name, op.created, op.rollover_bytes)
+    if op.length:
+        seg.chunks = layout_from_json(op.chunks)
+        seg.length = seg.storage_length = op.length
+        seg.start_offset = seg.chunks[0].start if seg.chunks else op.length
+        check_layout(seg.chunks, seg.storage_length, seg.start_offset)
+    seg.check()
+    return seg
 
 
 class ContainerMetadata:
@@ -137,38 +156,20 @@ class ContainerMetadata:
             if isinstance(op, ops.CreateSegment):
                 assert op.name not in self.names, op.name
                 assert op.segment_id >= self.next_segment_id, (op.segment_id, self.next_segment_id)
-                self.segments[op.segment_id] = SegmentMetadata(
-                    op.segment_id, op.name, op.created, op.rollover_bytes
-                )
+                self.segments[op.segment_id] = new_segment(op)
                 self.names[op.name] = op.segment_id
                 self.next_segment_id = op.segment_id + 1
             elif isinstance(op, ops.SegmentOperation):
                 seg = self.segments[op.segment_id]
+                flushed = seg.storage_length
                 seg.apply(op)
+                self.unflushed_bytes -= seg.storage_length - flushed
+                assert self.unflushed_bytes >= 0, self.unflushed_bytes
                 if isinstance(op, ops.Append):
                     self.unflushed_bytes += op.length
                 elif isinstance(op, ops.Delete):
                     del self.names[seg.name]
                     self.unflushed_bytes -= seg.length - seg.storage_length
-
-    def set_storage_length(self, segment_id: int, storage_length: int) -> None:
-        """The storage writer made ``storage_length`` bytes durable in Tier 2."""
-        with self.lock:
-            seg = self.segments[segment_id]
-            assert storage_length >= seg.storage_length, (storage_length, seg.storage_length)
-            if not seg.deleted:
-                self.unflushed_bytes -= storage_length - seg.storage_length
-                assert self.unflushed_bytes >= 0, self.unflushed_bytes
-            seg.storage_length = storage_length
-            seg.check()
-
-    def reconcile_storage_length(self, segment_id: int, storage_length: int) -> None:
-        """Recovery: take the length Tier 2 really has (the checkpoint's may be older)."""
-        with self.lock:
-            seg = self.segments[segment_id]
-            self.unflushed_bytes += seg.storage_length - storage_length
-            seg.storage_length = storage_length
-            seg.check()
 
     def mark_sealed_in_storage(self, segment_id: int) -> None:
         with self.lock:
@@ -200,8 +201,9 @@ class ContainerMetadata:
             self.names = {}
             self.unflushed_bytes = 0
             for raw in snapshot["segments"]:
-                seg = SegmentMetadata(**raw)
+                seg = SegmentMetadata(**{**raw, "chunks": layout_from_json(raw["chunks"])})
                 seg.check()
+                check_layout(seg.chunks, seg.storage_length, seg.start_offset)
                 self.segments[seg.segment_id] = seg
                 if not seg.deleted:
                     self.names[seg.name] = seg.segment_id
@@ -277,9 +279,7 @@ class MetadataUpdater:
         op.segment_id = self.next_segment_id
         self.next_segment_id += 1
         op.seq = self.next_seq()
-        self._segments[op.segment_id] = SegmentMetadata(
-            op.segment_id, op.name, op.created, op.rollover_bytes
-        )
+        self._segments[op.segment_id] = new_segment(op)
         self._names[op.name] = op.segment_id
         return Outcome(True)
 

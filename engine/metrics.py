@@ -19,9 +19,7 @@ class EngineMetrics:
     """Counters and histograms of the data path: appends, Tier 1 writes, Tier 2 flushes."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.appends = Counter(
-            "segstore_appends", "Appends made durable.", registry=registry
-        )
+        self.appends = Counter("segstore_appends", "Appends made durable.", registry=registry)
         self.append_bytes = Counter(
             "segstore_append_bytes", "Bytes appended and made durable.", registry=registry
         )
@@ -58,6 +56,16 @@ class EngineMetrics:
         )
         self.tier2_flush_bytes = Counter(
             "segstore_tier2_flush_bytes", "Bytes written to Tier 2.", registry=registry
+        )
+        self.tier2_chunks_created = Counter(
+            "segstore_tier2_chunks_created",
+            "Chunks created in Tier 2 (flushes and defrag).",
+            registry=registry,
+        )
+        self.tier2_chunks_deleted = Counter(
+            "segstore_tier2_chunks_deleted",
+            "Chunks deleted from Tier 2 (truncation, defrag, delete).",
+            registry=registry,
         )
         self.tier2_errors = Counter(
             "segstore_tier2_errors", "Tier 2 operations that failed (retried).", registry=registry

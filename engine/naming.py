@@ -4,9 +4,12 @@
 - ``container_for`` maps a name to a container with a stable hash (BLAKE2b),
   never Python's salted ``hash()``.
 - Tier 1 log files are ``<data>/tier1/c<container>/<first frame seq>.log``.
-- Tier 2 objects are ``c<container>/<escaped name>.<segment id>``; a name too
-  long for a file name is replaced by its SHA-256. No name becomes a path
-  unescaped.
+- Tier 2 chunks are ``c<container>/<escaped name>.<segment id>/e<epoch>-o<offset>-<nonce>``:
+  unique, and carrying the container and the epoch that created them, so no
+  epoch ever writes to a chunk another epoch created (seed 002 "Segment
+  Store Failover"). A segment name too long for a file name is replaced by
+  its SHA-256. No name becomes a path unescaped.
+- Exported layouts are ``layouts/<escaped name>.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -23,6 +28,7 @@ MAX_NAME_BYTES = 1024
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:#?\\%]")
 _LOG_FILE = re.compile(r"^(\d{20})\.log$")
 _MAX_KEY_PART = 180
+_CHUNK = re.compile(r"^c(\d+)/[^/]+\.(\d+)/e(\d{10})-o(\d{20})-[0-9a-f]{8}$")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -65,9 +71,43 @@ def parse_log_file_name(file_name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def segment_object_key(container_id: int, name: str, segment_id: int) -> str:
-    """The Tier 2 key of a segment's data (one object per segment for now)."""
+def _escaped(name: str) -> str:
     escaped = quote(name, safe="")
     if len(escaped) > _MAX_KEY_PART:
         escaped = "~" + hashlib.sha256(name.encode("utf-8")).hexdigest()
-    return f"c{container_id}/{escaped}.{segment_id}"
+    return escaped
+
+
+def container_chunk_prefix(container_id: int) -> str:
+    """Every chunk of a container starts with this."""
+    return f"c{container_id}/"
+
+
+def chunk_name(container_id: int, segment_name: str, segment_id: int, epoch: int, offset: int) -> str:
+    """A new, unique chunk name for bytes of a segment starting at ``offset``."""
+    return (
+        f"{container_chunk_prefix(container_id)}{_escaped(segment_name)}.{segment_id}/"
+        f"e{epoch:010d}-o{offset:020d}-{secrets.token_hex(4)}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkNameParts:
+    container_id: int
+    segment_id: int
+    epoch: int
+    offset: int
+
+
+def parse_chunk_name(name: str) -> ChunkNameParts | None:
+    """The parts of a chunk name, or None if ``name`` is not one."""
+    match = _CHUNK.match(name)
+    if match is None:
+        return None
+    return ChunkNameParts(*(int(g) for g in match.groups()))
+
+
+def layout_key(segment_name: str) -> str:
+    """Where a segment's exported layout is kept in Tier 2."""
+    return f"layouts/{_escaped(segment_name)}.json"
+

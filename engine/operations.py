@@ -35,6 +35,7 @@ class OpType(IntEnum):
     DELETE = 5
     ATTRIBUTES = 6
     CHECKPOINT = 7
+    LAYOUT = 8
 
 
 @dataclass(slots=True, kw_only=True)
@@ -54,10 +55,16 @@ class SegmentOperation(Operation):
 
 @dataclass(slots=True, kw_only=True)
 class CreateSegment(SegmentOperation):
-    """Map a new name to a new segment id (StreamSegmentMapOperation)."""
+    """Map a new name to a new segment id (StreamSegmentMapOperation).
+
+    An imported segment (seed 002 "Backup and Restore") starts with the
+    Tier 2 ``chunks`` of an exported layout and its ``length``.
+    """
 
     created: float = 0.0
     rollover_bytes: int | None = None
+    chunks: list[list[Any]] = field(default_factory=list)
+    length: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -105,6 +112,18 @@ class UpdateAttributes(SegmentOperation):
 
 
 @dataclass(slots=True, kw_only=True)
+class UpdateLayout(SegmentOperation):
+    """The segment's Tier 2 layout after the storage writer changed it (seed 002).
+
+    ``chunks`` is the whole new layout as [name, start, length] lists;
+    ``storage_length`` is how many of the segment's bytes Tier 2 now holds.
+    """
+
+    chunks: list[list[Any]] = field(default_factory=list)
+    storage_length: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
 class MetadataCheckpoint(Operation):
     """A snapshot of the container metadata; recovery may start here."""
 
@@ -119,14 +138,19 @@ _TYPES: dict[type[Operation], OpType] = {
     Delete: OpType.DELETE,
     UpdateAttributes: OpType.ATTRIBUTES,
     MetadataCheckpoint: OpType.CHECKPOINT,
+    UpdateLayout: OpType.LAYOUT,
 }
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
-    OpType.CREATE: (CreateSegment, ("name", "segment_id", "created", "rollover_bytes")),
+    OpType.CREATE: (
+        CreateSegment,
+        ("name", "segment_id", "created", "rollover_bytes", "chunks", "length"),
+    ),
     OpType.SEAL: (Seal, ("name", "segment_id")),
     OpType.TRUNCATE: (Truncate, ("name", "segment_id", "offset")),
     OpType.DELETE: (Delete, ("name", "segment_id")),
     OpType.ATTRIBUTES: (UpdateAttributes, ("name", "segment_id", "attributes")),
     OpType.CHECKPOINT: (MetadataCheckpoint, ("snapshot",)),
+    OpType.LAYOUT: (UpdateLayout, ("name", "segment_id", "chunks", "storage_length")),
 }
 
 
@@ -138,9 +162,7 @@ def encode(op: Operation) -> bytes:
         assert isinstance(op, Append) and op.data is not None and op.offset >= 0
         writer = op.writer_id.bytes if op.writer_id is not None else b""
         event = -1 if op.event_number is None else op.event_number
-        head = _APPEND.pack(
-            op.segment_id, op.offset, op.timestamp, event, op.event_count, len(writer) // 16
-        )
+        head = _APPEND.pack(op.segment_id, op.offset, op.timestamp, event, op.event_count, len(writer) // 16)
         body_len = len(head) + len(writer) + len(op.data)
         return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, op.data))
     fields_ = _JSON_FIELDS[kind][1]

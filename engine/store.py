@@ -26,6 +26,7 @@ from engine.durable_log.file_log import FileDataLog
 from engine.errors import ContainerNotReady, InvalidArgument, StoreLocked
 from engine.metrics import EngineMetrics
 from engine.naming import container_for, tier1_dir, validate_segment_name
+from engine.tier2.chunk_storage import ChunkStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.types import AppendResult, ReadResult, SegmentInfo
 
@@ -43,6 +44,7 @@ class SegmentStore:
         self.registry = CollectorRegistry()
         self.metrics = EngineMetrics(self.registry)
         self._lock_fd: int | None = None
+        self._storage: ChunkStorage | None = None
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._started = threading.Event()
         self._closed = False
@@ -92,8 +94,22 @@ class SegmentStore:
             file_bytes=s.tier1_file_bytes,
             max_frame_bytes=s.max_frame_bytes,
         )
-        storage = LocalChunkStorage(s.tier2_path)
-        return SegmentContainer(container_id, s, data_log, storage, self.metrics)
+        return SegmentContainer(container_id, s, data_log, self._tier2(), self.metrics)
+
+    def _tier2(self) -> ChunkStorage:
+        """The Tier 2 binding the settings name: an S3 bucket, or a local folder."""
+        if self._storage is None:
+            s3 = self.settings.tier2_s3
+            if s3 is None:
+                self._storage = LocalChunkStorage(self.settings.tier2_path)
+            else:
+                # Imported here, not at module load: gunicorn reads its config (which
+                # imports the engine) before the gevent worker patches ssl and sockets.
+                from engine.tier2.s3 import S3ChunkStorage
+
+                bucket, prefix = s3
+                self._storage = S3ChunkStorage(bucket, prefix, endpoint_url=self.settings.s3_endpoint or None)
+        return self._storage
 
     @property
     def ready(self) -> bool:
@@ -228,6 +244,21 @@ class SegmentStore:
         page = names[:limit]
         more = len(names) > limit
         return page, (page[-1].name if more else None)
+
+    def export_layout(self, name: str, *, timeout_s: float = 30.0) -> str:
+        """Back up a segment's Tier 2 layout into a small object (seed 002 "Backup and Restore").
+
+        The segment is flushed first; returns the object's name in Tier 2.
+        """
+        return self._container(name).export_layout(name, timeout_s)
+
+    def import_segment(self, name: str) -> SegmentInfo:
+        """Restore a segment from its exported layout, e.g. into an empty data directory.
+
+        The chunks are taken over, not copied: import a layout only where the
+        segment it came from no longer exists (two segments must not share chunks).
+        """
+        return self._container(name).import_segment(name)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every acknowledged byte is in Tier 2 (tests, shutdown, benchmarks)."""

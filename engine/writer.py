@@ -2,13 +2,17 @@
 
 It reads the in-memory operation log in order and keeps one aggregator per
 segment. An aggregator is flushed when it holds ``flush_threshold_bytes``,
-is ``flush_threshold_ms`` old, or carries a seal or delete. A flush writes
-the segment's bytes from its storage length up to the last append seen
-(read from the read index), then advances the storage length. Bytes below
-the storage length are never written again, which makes replay after a
-crash idempotent. Tier 2 errors are retried with exponential backoff; the
-bytes stay in Tier 1 and the cache meanwhile. After each round Tier 1 is
-truncated below the lowest sequence number not yet in Tier 2.
+is ``flush_threshold_ms`` old, or carries a seal, truncate or delete. A
+flush writes the segment's bytes from its storage length up to the last
+append seen (read from the read index) into chunks, then makes the new
+layout durable with an ``UpdateLayout`` log operation, which also advances
+the storage length (seed 002: layout changes are fenced by Tier 1). Bytes
+below the storage length are never written again, which makes replay after
+a crash idempotent. Chunks leave Tier 2 only after a durable layout stops
+naming them (truncation, defrag, delete). Tier 2 errors are retried with
+exponential backoff; the bytes stay in Tier 1 and the cache meanwhile. After
+each round Tier 1 is truncated below the lowest sequence number not yet in
+Tier 2.
 """
 
 from __future__ import annotations
@@ -16,18 +20,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine import operations as ops
-from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
-from engine.errors import SegstoreError
+from engine.errors import SegmentNotFound, SegstoreError
 from engine.metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
-from engine.naming import segment_object_key
 from engine.read_index import ReadIndex
-from engine.tier2 import ChunkStorage
+from engine.tier2.chunk_storage import ChunkStorageError
+from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ class _Aggregator:
     first_time: float
     end: int = 0
     seal: bool = False
+    truncate: bool = False
     delete: bool = False
 
 
@@ -53,7 +58,7 @@ class StorageWriter:
         durable_log: DurableLog,
         metadata: ContainerMetadata,
         read_index: ReadIndex,
-        storage: ChunkStorage,
+        chunked: ChunkedSegmentStorage,
         metrics: EngineMetrics,
     ) -> None:
         self.container_id = container_id
@@ -61,7 +66,7 @@ class StorageWriter:
         self.durable_log = durable_log
         self.metadata = metadata
         self.read_index = read_index
-        self.storage = storage
+        self.chunked = chunked
         self.metrics = metrics
         self._aggregators: dict[int, _Aggregator] = {}
         self._last_seq = 0
@@ -71,20 +76,13 @@ class StorageWriter:
         self._force = False
         self._thread: threading.Thread | None = None
 
-    def key(self, segment_id: int) -> str:
-        with self.metadata.lock:
-            name = self.metadata.segments[segment_id].name
-        return segment_object_key(self.container_id, name, segment_id)
-
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
         with self.metadata.lock:
             deleted = [s.segment_id for s in self.metadata.segments.values() if s.deleted]
         for segment_id in deleted:  # deleted before the checkpoint we recovered from
             self._aggregators[segment_id] = _Aggregator(0, 0.0, delete=True)
-        self._thread = threading.Thread(
-            target=self._run, name=f"writer-{self.container_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"writer-{self.container_id}", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -116,18 +114,22 @@ class StorageWriter:
                 self._last_seq = op.seq
             try:
                 self._flush_due()
-            except (OSError, SegstoreError) as exc:
+            except (OSError, ChunkStorageError, SegstoreError) as exc:
                 self.metrics.tier2_errors.inc()
                 backoff = min(max(0.1, backoff * 2), _BACKOFF_MAX_S)
-                log.warning("container %d: Tier 2 flush failed (%s); retrying in %.1fs",
-                            self.container_id, exc, backoff)
+                log.warning(
+                    "container %d: Tier 2 flush failed (%s); retrying in %.1fs",
+                    self.container_id,
+                    exc,
+                    backoff,
+                )
                 self._stop.wait(backoff)
                 continue
             backoff = 0.0
             self._after_round()
 
     def _accept(self, op: ops.Operation) -> None:
-        if not isinstance(op, ops.Append | ops.Seal | ops.Delete):
+        if not isinstance(op, ops.Append | ops.Seal | ops.Truncate | ops.Delete):
             return
         agg = self._aggregators.get(op.segment_id)
         if agg is None:
@@ -136,6 +138,8 @@ class StorageWriter:
             agg.end = max(agg.end, op.offset + op.length)
         elif isinstance(op, ops.Seal):
             agg.seal = True
+        elif isinstance(op, ops.Truncate):
+            agg.truncate = True
         else:
             agg.delete = True
 
@@ -152,6 +156,7 @@ class StorageWriter:
             due = (
                 self._force
                 or agg.seal
+                or agg.truncate
                 or agg.delete
                 or agg.end - storage_length >= self.settings.flush_threshold_bytes
                 or now - agg.first_time >= age_s
@@ -161,24 +166,72 @@ class StorageWriter:
                 del self._aggregators[segment_id]
 
     def _flush(self, segment_id: int, agg: _Aggregator) -> None:
-        key = self.key(segment_id)
+        with self.metadata.lock:
+            seg = self.metadata.segments[segment_id]
+            name, chunks, flushed = seg.name, list(seg.chunks), seg.storage_length
+            rollover = seg.rollover_bytes or self.settings.rollover_bytes
         if agg.delete:
-            run_blocking(self.storage.delete, key)
+            self._delete_chunks(c.name for c in chunks)
             self.read_index.drop_segment(segment_id)
             self.metadata.forget(segment_id)
             return
-        with self.metadata.lock:
-            start = self.metadata.segments[segment_id].storage_length
         step = max(self.settings.flush_threshold_bytes, 1)
-        while start < agg.end:
-            data = self.read_index.read(segment_id, start, min(agg.end - start, step))
-            assert data, f"segment {segment_id}: unflushed bytes at {start} are not cached"
-            run_blocking(self.storage.write, key, start, data)
-            start += len(data)
-            self.metadata.set_storage_length(segment_id, start)
+        while flushed < agg.end:
+            data = self.read_index.read(segment_id, flushed, min(agg.end - flushed, step))
+            assert data, f"segment {segment_id}: unflushed bytes at {flushed} are not cached"
+            layout = self.chunked.write(name, segment_id, chunks, flushed, data, rollover)
+            if not self._commit_layout(name, segment_id, chunks, layout, flushed + len(data)):
+                return
+            known = {c.name for c in chunks}
+            self.metrics.tier2_chunks_created.inc(sum(c.name not in known for c in layout))
+            chunks, flushed = layout, flushed + len(data)
             self.metrics.tier2_flush_bytes.inc(len(data))
+        if agg.truncate:
+            with self.metadata.lock:
+                start_offset = self.metadata.segments[segment_id].start_offset
+            kept, removed = self.chunked.truncate(chunks, start_offset)
+            if removed and self._commit_layout(name, segment_id, chunks, kept, flushed):
+                self._delete_chunks(removed)
+                chunks = kept
+        if len(chunks) > self.settings.defrag_min_chunks:
+            self._defrag(name, segment_id, chunks, flushed, rollover)
         if agg.seal:
             self.metadata.mark_sealed_in_storage(segment_id)
+
+    def _defrag(
+        self, name: str, segment_id: int, chunks: list[ChunkRef], flushed: int, rollover: int
+    ) -> None:
+        joined = self.chunked.defrag(
+            name,
+            segment_id,
+            chunks,
+            small_bytes=self.settings.defrag_small_bytes,
+            min_run=self.settings.defrag_min_chunks,
+            max_bytes=rollover,
+        )
+        if joined is not None:
+            layout, replaced = joined
+            if self._commit_layout(name, segment_id, chunks, layout, flushed):
+                self.metrics.tier2_chunks_created.inc()
+                self._delete_chunks(replaced)
+
+    def _delete_chunks(self, names: Iterable[str]) -> None:
+        names = list(names)
+        self.chunked.delete_chunks(names)
+        self.metrics.tier2_chunks_deleted.inc(len(names))
+
+    def _commit_layout(
+        self, name: str, segment_id: int, old: list[ChunkRef], new: list[ChunkRef], storage_length: int
+    ) -> bool:
+        """Make a new layout durable; False (and its new chunks deleted) if the segment is gone."""
+        op = ops.UpdateLayout(name=name, chunks=[list(c) for c in new], storage_length=storage_length)
+        try:
+            self.durable_log.add(op).result()
+        except SegmentNotFound:
+            known = {c.name for c in old}
+            self._delete_chunks(c.name for c in new if c.name not in known)
+            return False
+        return True
 
     def _after_round(self) -> None:
         lowest = min((a.first_seq for a in self._aggregators.values()), default=self._last_seq + 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -74,19 +76,18 @@ def test_readyz_says_why_recovery_failed(settings: Settings) -> None:
     store = first.extensions["segstore"]
     store.wait_ready(30)
     first.test_client().put("/v1/segments/a/b")
-    first.test_client().post("/v1/segments/a/b", data=b"abc")
-    store.flush()
     store.close()
-    # Tier 2 now holds more bytes than the segment's length: recovery must refuse to serve.
-    (object_file,) = [p for p in settings.tier2_path.rglob("*") if p.is_file()]
-    object_file.write_bytes(b"abcdef")
+    # Container 0's Tier 1 folder is replaced by a file: its recovery cannot read its log.
+    log_folder = settings.data_path / "tier1" / "c0"
+    shutil.rmtree(log_folder)
+    log_folder.write_bytes(b"not a folder")
     broken = create_app(settings)
     try:
         with pytest.raises(ContainerNotReady):
             broken.extensions["segstore"].wait_ready(30)
         response = broken.test_client().get("/readyz")
         assert_problem(response, 503, "Throttled")
-        assert "recovery failed" in response.get_json()["detail"]
-        assert "holds 6 bytes" in response.get_json()["detail"]
+        detail = response.get_json()["detail"]
+        assert "recovery failed" in detail and "container 0" in detail
     finally:
         broken.extensions["segstore"].close()
