@@ -177,8 +177,9 @@ class SegmentContainer:
         with self.metadata.lock:
             seg = self.metadata.by_name(name)
             chunks, length = list(seg.chunks), seg.storage_length
+            start_offset = min(seg.start_offset, length)
         try:
-            return self.chunked.export_layout(name, chunks, length)
+            return self.chunked.export_layout(name, chunks, length, start_offset)
         except ChunkStorageError as exc:
             raise Throttled(f"Tier 2 cannot be written now: {exc}", retry_after_s=1) from exc
 
@@ -186,13 +187,19 @@ class SegmentContainer:
         """Create ``name`` from its exported layout: its chunks become the segment's bytes."""
         self._check_ready()
         try:
-            chunks, length = self.chunked.import_layout(name)
+            chunks, length, start_offset = self.chunked.import_layout(name)
         except ChunkNotFound as exc:
             raise SegmentNotFound(str(exc)) from None
         except ChunkStorageError as exc:
             raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
         self._submit(
-            ops.CreateSegment(name=name, created=time.time(), chunks=[list(c) for c in chunks], length=length)
+            ops.CreateSegment(
+                name=name,
+                created=time.time(),
+                chunks=[list(c) for c in chunks],
+                length=length,
+                start_offset=start_offset,
+            )
         )
         return self.metadata.info(name)
 
@@ -336,6 +343,8 @@ class SegmentContainer:
         if fetched is None:
             raise SegmentNotFound(f"segment {name!r} was deleted")
         start, data = fetched
+        if start > pos:
+            raise SegmentTruncated(f"segment {name!r} was truncated during the read")
         if pos - start >= len(data):
             raise DataCorrupted(f"segment {name!r}: Tier 2 has no bytes at {pos}")
         sequential = self._read_ends.get(segment_id, -1) >= start
@@ -348,43 +357,51 @@ class SegmentContainer:
         return data[pos - start : end - start]
 
     def _fetch(self, segment_id: int, name: str, start: int, end: int) -> tuple[int, bytes] | None:
-        """Read [start, end) of the segment's Tier 2 bytes, clipped to its layout, into the cache."""
-        with self.metadata.lock:
-            seg = self.metadata.segments.get(segment_id)
-            if seg is None or seg.deleted:
-                return None
-            chunks = list(seg.chunks)
-            start_offset = seg.start_offset
-        if not chunks:
-            return start, b""
-        start = max(start, chunks[0].start)
-        end = min(end, chunks[-1].end)
-        next_cached = self.read_index.next_cached(segment_id, start)
-        if next_cached is not None:
-            end = min(end, next_cached)
-        if end <= start:
-            return start, b""
-        try:
-            data = self.chunked.read(chunks, start, end - start)
-        except ChunkNotFound:
-            # Truncation or deletion raced this read and removed the chunk.
+        """Read [start, end) of the segment's Tier 2 bytes, clipped to its layout, into the cache.
+
+        None if the segment is gone. A chunk that vanished while the layout
+        changed under the read (defrag, truncation) is read again through the
+        new layout; one the current layout still names is lost: DataCorrupted.
+        """
+        while True:
             with self.metadata.lock:
                 seg = self.metadata.segments.get(segment_id)
-                truncated = seg is not None and not seg.deleted and seg.start_offset > start_offset
-            if truncated:
-                raise SegmentTruncated(f"segment {name!r} was truncated during the read") from None
-            return None
-        except ChunkStorageError as exc:
-            raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
-        self.read_index.insert(segment_id, start, data)
-        self.read_index.evict(self.metadata.storage_lengths())
-        return start, data
+                if seg is None or seg.deleted:
+                    return None
+                chunks = list(seg.chunks)
+            if not chunks:
+                return start, b""
+            start = max(start, chunks[0].start)
+            end = min(end, chunks[-1].end)
+            next_cached = self.read_index.next_cached(segment_id, start)
+            if next_cached is not None:
+                end = min(end, next_cached)
+            if end <= start:
+                return start, b""
+            try:
+                data = self.chunked.read(chunks, start, end - start)
+            except ChunkNotFound as exc:
+                with self.metadata.lock:
+                    seg = self.metadata.segments.get(segment_id)
+                    if seg is None or seg.deleted:
+                        return None
+                    changed = seg.chunks != chunks
+                if changed:
+                    continue
+                raise DataCorrupted(f"segment {name!r}: a chunk its layout names is lost: {exc}") from None
+            except ChunkStorageError as exc:
+                raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
+            self.read_index.insert(segment_id, start, data)
+            self.read_index.evict(self.metadata.storage_lengths())
+            return start, data
 
     def _read_ahead(self, segment_id: int, name: str, start: int) -> None:
         """Bring a sequential reader's next bytes into the cache before it asks for them."""
         try:
             if self.read_index.cached_end(segment_id, start) == start:
-                self._fetch(segment_id, name, start, start + self.settings.read_ahead_bytes)
+                fetched = self._fetch(segment_id, name, start, start + self.settings.read_ahead_bytes)
+                if fetched is not None:  # the reader stays sequential when it reads past these bytes
+                    self._read_ends[segment_id] = fetched[0] + len(fetched[1])
         except (ChunkStorageError, OSError, SegstoreError) as exc:
             log.debug("read-ahead of %s at %d failed: %s", name, start, exc)
         finally:

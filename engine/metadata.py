@@ -97,6 +97,7 @@ class SegmentMetadata:
         elif isinstance(op, ops.UpdateAttributes):
             self.attributes.update(op.attributes)
         elif isinstance(op, ops.UpdateLayout):
+            assert op.storage_length >= self.storage_length, (op, self.storage_length)
             self.chunks = layout_from_json(op.chunks)
             self.storage_length = op.storage_length
             check_layout(self.chunks, self.storage_length, self.start_offset)
@@ -111,7 +112,7 @@ def new_segment(op: ops.CreateSegment) -> SegmentMetadata:
     if op.length:
         seg.chunks = layout_from_json(op.chunks)
         seg.length = seg.storage_length = op.length
-        seg.start_offset = seg.chunks[0].start if seg.chunks else op.length
+        seg.start_offset = max(op.start_offset, seg.chunks[0].start if seg.chunks else op.length)
         check_layout(seg.chunks, seg.storage_length, seg.start_offset)
     seg.check()
     return seg
@@ -260,6 +261,8 @@ class MetadataUpdater:
             if isinstance(op, ops.CreateSegment):
                 return self._create(op)
             seg = self._lookup(op.name)
+            if op.segment_id not in (-1, seg.segment_id):
+                raise SegmentNotFound(f"segment {op.name!r} (id {op.segment_id}) was deleted")
             op.segment_id = seg.segment_id
             outcome = self._validate(op, seg)
             if outcome.logged:

@@ -47,7 +47,11 @@ class Operation:
 
 @dataclass(slots=True, kw_only=True)
 class SegmentOperation(Operation):
-    """An operation on one segment. Requests name it; the processor resolves the id."""
+    """An operation on one segment. Requests name it; the processor resolves the id.
+
+    An operation that already carries an id (the storage writer's) applies
+    only to that segment: if the name now means another one, it is refused.
+    """
 
     name: str = ""
     segment_id: int = -1
@@ -58,13 +62,14 @@ class CreateSegment(SegmentOperation):
     """Map a new name to a new segment id (StreamSegmentMapOperation).
 
     An imported segment (seed 002 "Backup and Restore") starts with the
-    Tier 2 ``chunks`` of an exported layout and its ``length``.
+    Tier 2 ``chunks`` of an exported layout, its ``length`` and ``start_offset``.
     """
 
     created: float = 0.0
     rollover_bytes: int | None = None
     chunks: list[list[Any]] = field(default_factory=list)
     length: int = 0
+    start_offset: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -143,7 +148,7 @@ _TYPES: dict[type[Operation], OpType] = {
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.CREATE: (
         CreateSegment,
-        ("name", "segment_id", "created", "rollover_bytes", "chunks", "length"),
+        ("name", "segment_id", "created", "rollover_bytes", "chunks", "length", "start_offset"),
     ),
     OpType.SEAL: (Seal, ("name", "segment_id")),
     OpType.TRUNCATE: (Truncate, ("name", "segment_id", "offset")),

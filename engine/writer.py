@@ -224,7 +224,9 @@ class StorageWriter:
         self, name: str, segment_id: int, old: list[ChunkRef], new: list[ChunkRef], storage_length: int
     ) -> bool:
         """Make a new layout durable; False (and its new chunks deleted) if the segment is gone."""
-        op = ops.UpdateLayout(name=name, chunks=[list(c) for c in new], storage_length=storage_length)
+        op = ops.UpdateLayout(
+            name=name, segment_id=segment_id, chunks=[list(c) for c in new], storage_length=storage_length
+        )
         try:
             self.durable_log.add(op).result()
         except SegmentNotFound:

@@ -65,6 +65,8 @@ def check_layout(chunks: Sequence[ChunkRef], storage_length: int, start_offset: 
     if chunks:
         assert chunks[-1].end == storage_length, (chunks[-1], storage_length)
         assert chunks[0].start <= start_offset, (chunks[0], start_offset)
+    else:
+        assert storage_length <= start_offset, f"no chunk holds [{start_offset}, {storage_length})"
 
 
 def layout_from_json(raw: Iterable[Sequence[object]]) -> Layout:
@@ -244,18 +246,33 @@ class ChunkedSegmentStorage:
         return deleted
 
     # ------------------------------------------------------ backup / restore
-    def export_layout(self, segment_name: str, chunks: Sequence[ChunkRef], length: int) -> str:
-        """Write the layout to a small object (seed 002 "Backup and Restore"); returns its name."""
+    def export_layout(
+        self, segment_name: str, chunks: Sequence[ChunkRef], length: int, start_offset: int | None = None
+    ) -> str:
+        """Write the layout to a small object (seed 002 "Backup and Restore"); returns its name.
+
+        ``start_offset`` (default: where the first chunk starts) keeps a
+        truncation that fell inside the first chunk.
+        """
         key = naming.layout_key(segment_name)
+        if start_offset is None:
+            start_offset = chunks[0].start if chunks else length
+        check_layout(chunks, length, start_offset)
         body = json.dumps(
-            {"version": 1, "name": segment_name, "length": length, "chunks": [list(c) for c in chunks]}
+            {
+                "version": 1,
+                "name": segment_name,
+                "length": length,
+                "start_offset": start_offset,
+                "chunks": [list(c) for c in chunks],
+            }
         ).encode()
         self.storage.delete(key)
         self.storage.create(key, body)
         return key
 
-    def import_layout(self, segment_name: str) -> tuple[Layout, int]:
-        """Read an exported layout back: its chunks and length, checked against Tier 2."""
+    def import_layout(self, segment_name: str) -> tuple[Layout, int, int]:
+        """Read an exported layout back: its chunks, length and start offset, checked against Tier 2."""
         key = naming.layout_key(segment_name)
         try:
             handle = self.storage.open_read(key)
@@ -266,9 +283,9 @@ class ChunkedSegmentStorage:
             raise DataCorrupted(f"{key} is not a layout of {segment_name!r}")
         chunks = layout_from_json(raw["chunks"])
         length = int(raw["length"])
-        start = chunks[0].start if chunks else length
+        start = int(raw.get("start_offset", chunks[0].start if chunks else length))
         check_layout(chunks, length, start)
         for chunk in chunks:
             if self.storage.info(chunk.name).length < chunk.length:
                 raise DataCorrupted(f"chunk {chunk.name} is shorter than the layout says")
-        return chunks, length
+        return chunks, length, start

@@ -17,6 +17,8 @@ from engine.container import SegmentContainer
 from engine.durable_log import frames
 from engine.durable_log.memory_data_log import MemoryDataLog
 from engine.metrics import EngineMetrics
+from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
+from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 
 # Small limits: frames of 4 KiB, tiny log files, a writer that flushes within 20 ms.
@@ -58,22 +60,66 @@ def leads_with_checkpoint(buf: bytes) -> bool:
     return isinstance(ops.decode_all(first.payload)[0], ops.MetadataCheckpoint)
 
 
-class Node:
-    """One container on the in-memory twins behind a SegmentStore; restartable like a process."""
+def starts_at_newest_checkpoint(data_log: MemoryDataLog) -> bool:
+    """Whether Tier 1 holds nothing before its newest checkpoint (the first write leads with it).
 
-    def __init__(self, settings: Settings, container_id: int = 0) -> None:
+    Writes after it may remain: the storage writer logs ``UpdateLayout``
+    operations after every flush, and those follow the checkpoint.
+    """
+    writes = list(data_log.writes)
+    return (
+        bool(writes) and leads_with_checkpoint(writes[0]) and not any(map(leads_with_checkpoint, writes[1:]))
+    )
+
+
+class Node:
+    """One container on the in-memory twins behind a SegmentStore; restartable like a process.
+
+    Tier 2 is ``storage`` (a MemoryChunkStorage, inspected directly by tests)
+    seen by the container through ``faults``, a FaultyChunkStorage that
+    injects nothing until a test asks it to.
+    """
+
+    def __init__(
+        self, settings: Settings, container_id: int = 0, storage: MemoryChunkStorage | None = None
+    ) -> None:
         self.settings = settings
         self.container_id = container_id
         self.data_log = MemoryDataLog(max_frame_bytes=settings.max_frame_bytes)
-        self.storage = MemoryChunkStorage()
+        self.storage = MemoryChunkStorage() if storage is None else storage
+        self.faults = FaultyChunkStorage(self.storage)
         self.container = self._build()
         self.store = SegmentStore(settings, containers=[self.container])
 
     def _build(self) -> SegmentContainer:
         self.registry = CollectorRegistry()
         return SegmentContainer(
-            self.container_id, self.settings, self.data_log, self.storage, EngineMetrics(self.registry)
+            self.container_id, self.settings, self.data_log, self.faults, EngineMetrics(self.registry)
         )
+
+    def layout(self, name: str) -> list[ChunkRef]:
+        """The live segment's committed Tier 2 layout."""
+        with self.container.metadata.lock:
+            return list(self.container.metadata.by_name(name).chunks)
+
+    def tier2_bytes(self, name: str) -> bytes:
+        """The live segment's bytes in Tier 2, read through its layout (from its first chunk)."""
+        with self.container.metadata.lock:
+            seg = self.container.metadata.by_name(name)
+            chunks, storage_length = list(seg.chunks), seg.storage_length
+        if not chunks:
+            return b""
+        reader = ChunkedSegmentStorage(self.storage, self.container_id)
+        return reader.read(chunks, chunks[0].start, storage_length - chunks[0].start)
+
+    def evict_all(self) -> None:
+        """Drop every flushed block from the cache, so reads of it go to Tier 2."""
+        cache = self.container.read_index.cache
+        budget, cache.max_bytes = cache.max_bytes, 0
+        try:
+            self.container.read_index.evict(self.container.metadata.storage_lengths())
+        finally:
+            cache.max_bytes = budget
 
     def start(self, *, wait: bool = True) -> Node:
         self.store.start(wait=wait)
@@ -107,7 +153,10 @@ class Node:
             self.store.create(tick)
         self.log_a_checkpoint(tick)
         self.store.flush()
-        wait_until(lambda: len(self.data_log.writes) == 1, what="Tier 1 truncation at the newest checkpoint")
+        wait_until(
+            lambda: starts_at_newest_checkpoint(self.data_log),
+            what="Tier 1 truncation at the newest checkpoint",
+        )
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels or {})
@@ -120,11 +169,11 @@ class Node:
 
 @pytest.fixture
 def make_node() -> Iterator[Callable[..., Node]]:
-    """Build started nodes from SMALL settings plus overrides; all are closed after the test."""
+    """Build started nodes from SMALL settings plus overrides (and a Tier 2); all closed after the test."""
     nodes: list[Node] = []
 
-    def make(**overrides: Any) -> Node:
-        node = Node(small_settings(**overrides))
+    def make(*, storage: MemoryChunkStorage | None = None, **overrides: Any) -> Node:
+        node = Node(small_settings(**overrides), storage=storage)
         nodes.append(node)
         return node.start()
 

@@ -149,8 +149,8 @@ def test_layout_export_and_import_round_trip() -> None:
     chunked = ChunkedSegmentStorage(storage, 0)
     layout = write_all(chunked, [b"ab", b"cd", b"ef"], rollover=100)
     chunked.export_layout("a/b", layout[1:], 6)
-    chunks, length = ChunkedSegmentStorage(storage, 0).import_layout("a/b")
-    assert chunks == layout[1:] and length == 6
+    chunks, length, start_offset = ChunkedSegmentStorage(storage, 0).import_layout("a/b")
+    assert chunks == layout[1:] and length == 6 and start_offset == 2
     assert chunked.read(chunks, 2, 4) == b"cdef"
 
 

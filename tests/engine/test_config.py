@@ -88,3 +88,46 @@ def test_settings_check_themselves() -> None:
     with pytest.raises(InvalidArgument):
         Settings(container_count=0)
     assert Settings().replace(container_count=2).container_count == 2
+
+
+@pytest.mark.parametrize(
+    ("tier2", "expected"),
+    [
+        ("s3://bucket", ("bucket", "")),
+        ("s3://bucket/", ("bucket", "")),
+        ("s3://bucket/pre/fix", ("bucket", "pre/fix/")),
+        ("s3://bucket/pre/fix/", ("bucket", "pre/fix/")),
+        ("s3://my.bucket-1/segstore", ("my.bucket-1", "segstore/")),
+    ],
+)
+def test_tier2_s3_names_bucket_and_prefix(tier2: str, expected: tuple[str, str]) -> None:
+    assert Settings(tier2=tier2).tier2_s3 == expected
+    assert load_settings({"SEGSTORE_TIER2": tier2}).tier2_s3 == expected
+
+
+@pytest.mark.parametrize("tier2", ["", "/mnt/t2", "relative/t2", "S3:/bucket", "file:///x"])
+def test_tier2_folder_is_not_s3(tier2: str) -> None:
+    assert Settings(tier2=tier2).tier2_s3 is None
+
+
+@pytest.mark.parametrize("tier2", ["s3://", "s3:///prefix"])
+def test_tier2_s3_without_a_bucket_is_refused(tier2: str) -> None:
+    with pytest.raises(InvalidArgument, match="bucket"):
+        Settings(tier2=tier2).tier2_s3  # noqa: B018
+
+
+def test_chunk_and_read_settings_come_from_toml(tmp_path: Path) -> None:
+    env = toml(
+        tmp_path,
+        'tier2 = "s3://b/p"\ns3_endpoint = "http://127.0.0.1:9000"\nrollover_bytes = 1024\n'
+        "defrag_min_chunks = 3\ndefrag_small_bytes = 100\nstorage_read_block_bytes = 4096\n"
+        "read_ahead_bytes = 0\n",
+    )
+    settings = load_settings(env)
+    assert settings.tier2_s3 == ("b", "p/") and settings.s3_endpoint == "http://127.0.0.1:9000"
+    assert (settings.rollover_bytes, settings.defrag_min_chunks, settings.defrag_small_bytes) == (
+        1024,
+        3,
+        100,
+    )
+    assert (settings.storage_read_block_bytes, settings.read_ahead_bytes) == (4096, 0)

@@ -19,6 +19,7 @@ from engine import (
 )
 from engine import operations as ops
 from engine.metadata import ContainerMetadata, MetadataUpdater, Outcome
+from engine.tier2.chunked import ChunkRef
 
 W1, W2 = uuid.UUID(int=1), uuid.UUID(int=2)
 
@@ -172,29 +173,98 @@ def test_updater_stages_without_touching_committed_state(md: ContainerMetadata) 
     assert (seg.length, seg.sealed, seg.deleted) == (0, False, False)
 
 
+def layout(*chunks: tuple[str, int, int]) -> list[list[object]]:
+    """A layout as an UpdateLayout operation carries it: [name, start, length] lists."""
+    return [list(c) for c in chunks]
+
+
+def update_layout(
+    md: ContainerMetadata, seg_id: int, storage_length: int, *chunks: tuple[str, int, int]
+) -> None:
+    """Apply an UpdateLayout as a replayed (already durable) operation."""
+    md.apply(
+        ops.UpdateLayout(
+            seq=md.seq + 1, name="s", segment_id=seg_id, chunks=layout(*chunks), storage_length=storage_length
+        )
+    )
+
+
 @pytest.mark.parametrize(
     "change",
     [
-        lambda md, seg: md.set_storage_length(seg, 5),  # storage length past the length
-        lambda md, seg: md.set_storage_length(seg, 2),  # storage length decreasing
+        lambda md, seg: update_layout(md, seg, 5, ("a", 0, 3), ("b", 3, 2)),
+        lambda md, seg: update_layout(md, seg, 2, ("a", 0, 2)),
+        lambda md, seg: update_layout(md, seg, 3, ("a", 0, 2)),
+        lambda md, seg: update_layout(md, seg, 4, ("a", 0, 3), ("b", 3, 0), ("c", 3, 1)),
+        lambda md, seg: update_layout(md, seg, 4, ("a", 0, 2), ("b", 3, 1)),
+        lambda md, seg: update_layout(md, seg, 4, ("a", 0, 3), ("b", 2, 2)),
+        lambda md, seg: update_layout(md, seg, 4, ("b", 1, 3)),
+        lambda md, seg: update_layout(md, seg, 4),
         lambda md, seg: md.apply(ops.Truncate(seq=md.seq + 1, name="s", segment_id=seg, offset=5)),
         lambda md, seg: md.apply(ops.Seal(seq=md.seq, name="s", segment_id=seg)),  # seq reused
         lambda md, seg: md.apply(ops.Append(seq=md.seq + 1, name="s", segment_id=seg, offset=3, data=b"x")),
     ],
-    ids=["storage past length", "storage decreasing", "start past length", "seq reused", "append gap"],
+    ids=[
+        "storage past length",
+        "storage decreasing",
+        "layout short of the storage length",
+        "empty chunk",
+        "layout gap",
+        "layout overlap",
+        "layout starts past the start offset",
+        "no chunks below the storage length",
+        "start past length",
+        "seq reused",
+        "append gap",
+    ],
 )
 def test_invariants_are_asserted(
     md: ContainerMetadata, change: Callable[[ContainerMetadata, int], None]
 ) -> None:
     commit(md, append(b"abcd"))
     seg_id = md.by_name("s").segment_id
-    md.set_storage_length(seg_id, 3)
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("a", 0, 3)), storage_length=3))
+    assert md.by_name("s").storage_length == 3 and md.unflushed_bytes == 1
     with pytest.raises(AssertionError):
         change(md, seg_id)
 
 
+def test_layout_changes_that_keep_the_invariants(md: ContainerMetadata) -> None:
+    commit(md, append(b"0123456789"))
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("a", 0, 4)), storage_length=4))
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("a", 0, 4), ("b", 4, 3)), storage_length=7))
+    seg = md.by_name("s")
+    assert seg.chunks == [ChunkRef("a", 0, 4), ChunkRef("b", 4, 3)]
+    assert (seg.storage_length, md.unflushed_bytes) == (7, 3)
+    commit(md, ops.Truncate(name="s", offset=5))
+    # Truncation drops the chunks wholly below the start offset; the storage length stays.
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("b", 4, 3)), storage_length=7))
+    assert seg.chunks == [ChunkRef("b", 4, 3)] and seg.storage_length == 7
+    # Defrag replaces chunks by one holding the same bytes.
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("ab", 4, 3)), storage_length=7))
+    commit(md, ops.Truncate(name="s", offset=8))
+    commit(md, ops.UpdateLayout(name="s", chunks=[], storage_length=7))  # nothing left above the start
+    assert (seg.chunks, seg.start_offset, seg.storage_length) == ([], 8, 7)
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("c", 7, 3)), storage_length=10))
+    assert md.unflushed_bytes == 0 and md.info("s").storage_length == 10
+
+
+def test_imported_segment_starts_with_its_layout(md: ContainerMetadata) -> None:
+    chunks = layout(("x", 4, 6), ("y", 10, 2))
+    commit(md, ops.CreateSegment(name="imported", created=1.0, chunks=chunks, length=12))
+    seg = md.by_name("imported")
+    assert seg.chunks == [ChunkRef("x", 4, 6), ChunkRef("y", 10, 2)]
+    assert (seg.start_offset, seg.storage_length, seg.length) == (4, 12, 12)
+    assert md.unflushed_bytes == 0
+    with pytest.raises(AssertionError):  # a gap in the imported layout
+        commit(
+            md, ops.CreateSegment(name="bad", created=1.0, chunks=layout(("x", 0, 2), ("y", 3, 1)), length=4)
+        )
+
+
 def test_snapshot_restores_everything(md: ContainerMetadata) -> None:
     commit(md, append(b"abc", writer_id=W1, event_number=9, event_count=3), ops.Truncate(name="s", offset=1))
+    commit(md, ops.UpdateLayout(name="s", chunks=layout(("a", 0, 1), ("b", 1, 1)), storage_length=2))
     commit(md, create("gone"), ops.Seal(name="s"))
     commit(md, ops.Delete(name="gone"))
     md.epoch = 4
@@ -203,6 +273,8 @@ def test_snapshot_restores_everything(md: ContainerMetadata) -> None:
     assert copy.snapshot() == md.snapshot()
     assert copy.names == {"s": 1} and copy.seq == md.seq and copy.epoch == 4
     assert copy.by_name("s").attributes == {str(W1): 9}
+    assert copy.by_name("s").chunks == [ChunkRef("a", 0, 1), ChunkRef("b", 1, 1)]
+    assert copy.by_name("s").storage_length == 2 and copy.unflushed_bytes == md.unflushed_bytes == 1
 
 
 OPERATION = st.one_of(
@@ -233,7 +305,14 @@ def test_invariants_hold_under_any_operation_sequence(batches: list[tuple[list[o
         for op in logged:
             md.apply(op)
         assert [op.seq for op in logged] == list(range(before[0] + 1, before[0] + 1 + len(logged)))
-        md.set_storage_length(seg.segment_id, max(seg.storage_length, min(flushed, seg.length)))
+        # The storage writer's flush: a new chunk up to the flushed length, chunks below the start dropped.
+        storage_length = max(seg.storage_length, min(flushed, seg.length))
+        chunks = [list(c) for c in seg.chunks]
+        if storage_length > seg.storage_length:
+            chunks.append([f"c{len(chunks)}", seg.storage_length, storage_length - seg.storage_length])
+        chunks = [c for c in chunks if c[1] + c[2] > seg.start_offset]
+        commit(md, ops.UpdateLayout(name="s", chunks=chunks, storage_length=storage_length))
+        assert seg.storage_length == storage_length and [list(c) for c in seg.chunks] == chunks
         assert 0 <= seg.start_offset <= seg.length and 0 <= seg.storage_length <= seg.length
         now = (seg.start_offset, seg.length, seg.event_count)
         assert all(a >= b for a, b in zip(now, before[1:], strict=True))  # never decrease

@@ -6,10 +6,14 @@ import pytest
 
 from engine import InvalidName, SegmentStore, validate_segment_name
 from engine.naming import (
+    ChunkNameParts,
+    chunk_name,
+    container_chunk_prefix,
     container_for,
+    layout_key,
     log_file_name,
+    parse_chunk_name,
     parse_log_file_name,
-    segment_object_key,
 )
 
 FORBIDDEN = [chr(c) for c in range(0x20)] + ["\x7f", ":", "#", "?", "\\", "%"]
@@ -73,10 +77,83 @@ def test_log_file_names_sort_by_first_frame() -> None:
         assert parse_log_file_name(other) is None
 
 
-def test_tier2_keys_escape_names_and_hash_long_ones() -> None:
-    assert segment_object_key(3, "a/b c", 7) == "c3/a%2Fb%20c.7"
-    assert segment_object_key(3, "..", 7) == "c3/...7"
-    long_key = segment_object_key(0, "é" * 100, 1)
-    assert long_key.startswith("c0/~") and long_key.endswith(".1") and len(long_key) < 80
-    assert segment_object_key(0, "é" * 100, 2) != long_key
-    assert segment_object_key(0, "é" * 99 + "e", 1) != long_key
+def test_chunk_names_are_unique_even_for_the_same_segment_epoch_and_offset() -> None:
+    names = {chunk_name(0, "s", 1, 1, 0) for _ in range(200)}
+    assert len(names) == 200
+    assert len({chunk_name(0, "s", 1, epoch, 0) for epoch in range(5)}) == 5
+
+
+@pytest.mark.parametrize(
+    ("container", "name", "segment_id", "epoch", "offset"),
+    [
+        (0, "s", 1, 1, 0),
+        (3, "a/b c", 7, 12, 4096),
+        (15, "x.5", 2**63 - 1, 9_999_999_999, 2**63 - 1),
+        (2, "..", 9, 3, 1),
+        (1, "é" * 100, 4, 2, 10),
+    ],
+)
+def test_chunk_names_round_trip(container: int, name: str, segment_id: int, epoch: int, offset: int) -> None:
+    chunk = chunk_name(container, name, segment_id, epoch, offset)
+    assert parse_chunk_name(chunk) == ChunkNameParts(container, segment_id, epoch, offset)
+    assert chunk.startswith(container_chunk_prefix(container))
+
+
+def test_chunk_names_escape_segment_names_and_hash_long_ones() -> None:
+    assert chunk_name(3, "a/b c", 7, 5, 1234).startswith("c3/a%2Fb%20c.7/e0000000005-o00000000000000001234-")
+    assert chunk_name(3, "..", 7, 1, 0).startswith("c3/...7/")  # never a path part of its own
+    for name in ("a/../../b", "/abs", "a\\b"):
+        chunk = chunk_name(0, name, 1, 1, 0)
+        assert chunk.count("/") == 2 and ".." not in chunk.split("/")
+    long_chunk = chunk_name(0, "é" * 100, 1, 1, 0)
+    folder = long_chunk.rsplit("/", 1)[0]
+    assert folder.startswith("c0/~") and folder.endswith(".1") and len(long_chunk) < 150
+    assert chunk_name(0, "é" * 99 + "e", 1, 1, 0).rsplit("/", 1)[0] != folder
+    assert chunk_name(0, "é" * 100, 2, 1, 0).rsplit("/", 1)[0] != folder
+
+
+def test_chunks_of_one_segment_share_a_folder_and_sort_by_epoch_then_offset() -> None:
+    names = [
+        chunk_name(0, "s", 1, epoch, offset)
+        for epoch, offset in [(1, 0), (1, 10), (1, 2**40), (2, 5), (10, 0)]
+    ]
+    assert len({n.rsplit("/", 1)[0] for n in names}) == 1
+    assert names == sorted(names)
+
+
+def test_container_prefix_separates_containers() -> None:
+    assert container_chunk_prefix(1) == "c1/"
+    ten = chunk_name(10, "s", 1, 1, 0)
+    assert not ten.startswith(container_chunk_prefix(1))
+    assert parse_chunk_name(ten).container_id == 10  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "",
+        "c0/s.1",
+        "c0/s.1/e0000000001-o00000000000000000000",
+        "c0/s.1/e0000000001-o00000000000000000000-0a1b2c3d/x",
+        "c0/s/e0000000001-o00000000000000000000-0a1b2c3d",
+        "cx/s.1/e0000000001-o00000000000000000000-0a1b2c3d",
+        "c0/s.1/e1-o0-0a1b2c3d",
+        "c0/s.1/e0000000001-o00000000000000000000-0A1B2C3D",
+        "x/c0/s.1/e0000000001-o00000000000000000000-0a1b2c3d",
+        layout_key("s"),
+        log_file_name(0),
+    ],
+)
+def test_what_is_not_a_chunk_name(other: str) -> None:
+    assert parse_chunk_name(other) is None
+
+
+def test_layout_keys_escape_names_and_stay_out_of_container_prefixes() -> None:
+    assert layout_key("a/b c") == "layouts/a%2Fb%20c.json"
+    assert layout_key("..") == "layouts/...json"
+    long_key = layout_key("é" * 100)
+    assert long_key.startswith("layouts/~") and long_key.endswith(".json") and len(long_key) < 100
+    assert layout_key("é" * 99 + "e") != long_key
+    assert layout_key("a") != layout_key("b")
+    for key in (layout_key("c0"), layout_key("c0/s")):
+        assert not any(key.startswith(container_chunk_prefix(c)) for c in range(16))

@@ -52,10 +52,26 @@ def test_operations_packed_back_to_back_round_trip(batch: list[ops.Append]) -> N
 OTHER_OPERATIONS = [
     ops.CreateSegment(seq=1, name="s/é", segment_id=3, created=1700000000.25, rollover_bytes=None),
     ops.CreateSegment(seq=2, name="t", segment_id=4, created=0.0, rollover_bytes=2**63 - 1),
+    ops.CreateSegment(
+        seq=8,
+        name="imported",
+        segment_id=5,
+        created=2.5,
+        chunks=[["c0/imported.1/e0000000001-o00000000000000000004-0a1b2c3d", 4, 2**40]],
+        length=2**40 + 4,
+    ),
     ops.Seal(seq=3, name="s", segment_id=3),
     ops.Truncate(seq=4, name="s", segment_id=3, offset=2**40),
     ops.Delete(seq=5, name="s", segment_id=3),
     ops.UpdateAttributes(seq=6, name="s", segment_id=3, attributes={str(uuid.uuid4()): -(2**63)}),
+    ops.UpdateLayout(
+        seq=9,
+        name="s",
+        segment_id=3,
+        chunks=[["c0/s.3/e0000000002-o00000000000000000000-00000000", 0, 10], ["c0/s.3/x", 10, 2**62]],
+        storage_length=2**62 + 10,
+    ),
+    ops.UpdateLayout(seq=10, name="s", segment_id=3, chunks=[], storage_length=7),
     ops.MetadataCheckpoint(
         seq=7,
         snapshot={"container_id": 0, "epoch": 2, "next_segment_id": 9, "segments": [{"name": "s"}]},
@@ -63,7 +79,7 @@ OTHER_OPERATIONS = [
 ]
 
 
-@pytest.mark.parametrize("op", OTHER_OPERATIONS, ids=lambda op: type(op).__name__)
+@pytest.mark.parametrize("op", OTHER_OPERATIONS, ids=lambda op: f"{type(op).__name__}-{op.seq}")
 def test_every_other_operation_type_round_trips(op: ops.Operation) -> None:
     decoded = round_trip(op)
     assert type(decoded) is type(op)
@@ -95,6 +111,9 @@ DAMAGED = {
     "unknown type": _header(99, 1, b"{}"),
     "body not JSON": _header(ops.OpType.SEAL, 1, b"\xff{not json"),
     "JSON without its fields": _header(ops.OpType.TRUNCATE, 1, json.dumps({"name": "s"}).encode()),
+    "layout without its storage length": _header(
+        ops.OpType.LAYOUT, 1, json.dumps({"name": "s", "segment_id": 1, "chunks": []}).encode()
+    ),
     "append body shorter than its fields": _header(ops.OpType.APPEND, 1, b"\x00" * 10),
     "append writer id cut short": _header(
         ops.OpType.APPEND, 1, struct.pack(">QQdqIB", 1, 0, 0.0, 5, 1, 1) + b"\x01" * 7

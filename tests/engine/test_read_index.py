@@ -21,6 +21,8 @@ from engine import (
 )
 from engine.cache import Cache
 from engine.read_index import ReadIndex
+from engine.tier2.chunked import ChunkRef
+from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, wait_until
 
 
@@ -165,20 +167,27 @@ def test_drain_ends_waiting_tails_and_stops_new_waits(node: Node) -> None:
     assert node.store.read("s", 0, wait_s=10).data == b"still served"
 
 
-def tier2_reads(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    """Record every Tier 2 read of the node."""
-    calls: list[tuple[str, int, int]] = []
-    original = node.storage.read
+def tier2_reads(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record every Tier 2 read of the node (read-ahead included) as (segment offset, length)."""
+    calls: list[tuple[int, int]] = []
+    chunked = node.container.chunked
+    original = chunked.read
 
-    def read(key: str, offset: int, length: int) -> bytes:
-        calls.append((key, offset, length))
-        return original(key, offset, length)
+    def read(chunks: list[ChunkRef], offset: int, length: int) -> bytes:
+        calls.append((offset, length))
+        return original(chunks, offset, length)
 
-    monkeypatch.setattr(node.storage, "read", read)
+    monkeypatch.setattr(chunked, "read", read)
     return calls
 
 
-TINY_CACHE = {"cache_max_bytes": 2048, "cache_block_bytes": 512}
+# Tier 2 is read in blocks of 512 bytes and without read-ahead, so tests can count the reads.
+TINY_CACHE = {
+    "cache_max_bytes": 2048,
+    "cache_block_bytes": 512,
+    "storage_read_block_bytes": 512,
+    "read_ahead_bytes": 0,
+}
 
 
 def test_flushed_data_is_evicted_and_read_back_from_tier2(
@@ -197,7 +206,94 @@ def test_flushed_data_is_evicted_and_read_back_from_tier2(
     got = b"".join(store.read("s", offset, 3000).data for offset in range(0, len(data), 3000))
     assert got == data
     assert reads and cache.size <= cache.max_bytes + 2 * 512
-    assert all(offset % 512 == 0 and length < 3000 + 2 * 512 for _, offset, length in reads)  # whole blocks
+    for offset, length in reads:  # whole blocks, up to the segment's end
+        assert offset % 512 == 0 and length < 3000 + 2 * 512, (offset, length)
+        assert (offset + length) % 512 == 0 or offset + length == len(data), (offset, length)
+
+
+def test_tier2_block_size_is_its_own_setting(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(cache_block_bytes=512, storage_read_block_bytes=4096, read_ahead_bytes=0)
+    node.store.create("s")
+    data = os.urandom(10_000)
+    node.store.append("s", data)
+    node.store.flush()
+    node.evict_all()
+    reads = tier2_reads(node, monkeypatch)
+    assert node.store.read("s", 5000, 10).data == data[5000:5010]
+    assert reads == [(4096, 4096)]
+    assert node.store.read("s", 9000, 1000).data == data[9000:]
+    assert reads == [(4096, 4096), (8192, 10_000 - 8192)]
+
+
+READ_AHEAD = {
+    "flush_threshold_ms": 60_000,
+    "flush_threshold_bytes": 1 << 20,
+    "cache_block_bytes": 512,
+    "storage_read_block_bytes": 512,
+    "read_ahead_bytes": 2048,
+}
+
+
+def cold_segment(node: Node, size: int) -> tuple[int, bytes]:
+    """A flushed segment ``s`` with nothing of it in the cache; returns its id and bytes."""
+    node.store.create("s")
+    data = os.urandom(size)
+    for i in range(0, size, 512):
+        node.store.append("s", data[i : i + 512])
+    node.store.flush()
+    node.evict_all()
+    seg_id = node.store.info("s").segment_id
+    assert node.container.read_index.cached_end(seg_id, 0) == 0
+    return seg_id, data
+
+
+def test_a_sequential_reader_gets_the_next_bytes_prefetched(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(**READ_AHEAD)
+    index = node.container.read_index
+    seg_id, data = cold_segment(node, 8192)
+    reads = tier2_reads(node, monkeypatch)
+    assert node.store.read("s", 0, 512).data == data[:512]  # block 0: not yet a sequential reader
+    time.sleep(0.05)
+    assert reads == [(0, 512)] and index.cached_end(seg_id, 0) == 512
+    assert node.store.read("s", 512, 512).data == data[512:1024]  # block 1 follows block 0
+    wait_until(lambda: index.cached_end(seg_id, 0) == 1024 + 2048, what="the read-ahead")
+    assert reads == [(0, 512), (512, 512), (1024, 2048)]  # fetched without a request
+    assert b"".join(node.store.read("s", o, 512).data for o in range(1024, 3072, 512)) == data[1024:3072]
+    assert len(reads) == 3  # served from the cache
+
+
+def test_read_ahead_keeps_up_with_a_sequential_reader(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(**READ_AHEAD)
+    index = node.container.read_index
+    seg_id, data = cold_segment(node, 8192)
+    reads = tier2_reads(node, monkeypatch)
+    for offset in (0, 512):
+        assert node.store.read("s", offset, 512).data == data[offset : offset + 512]
+    wait_until(lambda: index.cached_end(seg_id, 0) == 3072, what="the first read-ahead")
+    for offset in range(1024, 3584, 512):  # the prefetched bytes, then the next block
+        assert node.store.read("s", offset, 512).data == data[offset : offset + 512]
+    # The reader is still sequential: the read that went past the prefetched bytes brings the next ones.
+    wait_until(lambda: index.cached_end(seg_id, 0) >= 3584 + 2048, timeout_s=2, what="the next read-ahead")
+    assert reads[:3] == [(0, 512), (512, 512), (1024, 2048)] and (3584, 2048) in reads
+
+
+def test_read_ahead_stops_at_the_end_of_tier2_and_never_overwrites_cached_bytes(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(**READ_AHEAD)
+    index = node.container.read_index
+    seg_id, data = cold_segment(node, 2000)
+    node.store.append("s", b"unflushed")  # cached, above the storage length
+    assert node.store.read("s", 0, 512).data == data[:512]
+    assert node.store.read("s", 512, 512).data == data[512:1024]
+    wait_until(lambda: index.cached_end(seg_id, 0) == 2009, what="the read-ahead up to the cached tail")
+    assert node.store.read("s", 0, 4000).data == data + b"unflushed"
 
 
 def test_unflushed_data_is_never_evicted(
@@ -247,6 +343,66 @@ def test_read_racing_a_flush_and_eviction_returns_the_data(
 
     monkeypatch.setattr(index, "read", read)
     assert store.read("s", 0, 1000).data == data[:1000]
+
+
+def change_layout_during_the_first_tier2_read(
+    node: Node, monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]
+) -> None:
+    """The first Tier 2 read of the node runs ``change`` after the reader took its layout."""
+    chunked = node.container.chunked
+    original = chunked.read
+    changed: list[bool] = []
+
+    def read(chunks: list[ChunkRef], offset: int, length: int) -> bytes:
+        if not changed:
+            changed.append(True)
+            change()
+        return original(chunks, offset, length)
+
+    monkeypatch.setattr(chunked, "read", read)
+
+
+def test_read_racing_a_defrag_returns_the_data(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(storage=MemoryChunkStorage(supports_append=False), defrag_min_chunks=3, **TINY_CACHE)
+    store = node.store
+    store.create("s")
+    data = os.urandom(400)
+    for i in range(0, 300, 100):
+        store.append("s", data[i : i + 100])
+        store.flush()
+    node.evict_all()
+    old = node.layout("s")
+
+    def defrag() -> None:
+        store.append("s", data[300:])
+        store.flush()  # four chunks: the first three are joined and deleted
+        assert len(node.layout("s")) == 2 and not node.storage.exists(old[0].name)
+
+    change_layout_during_the_first_tier2_read(node, monkeypatch, defrag)
+    assert store.read("s", 0, 300).data == data[:300]
+
+
+def test_read_above_the_new_start_racing_a_truncation_returns_the_data(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(**TINY_CACHE)
+    store = node.store
+    store.create("s", rollover_bytes=100)
+    data = os.urandom(500)
+    store.append("s", data)
+    store.flush()
+    node.evict_all()
+    old = node.layout("s")
+
+    def truncate() -> None:
+        store.truncate("s", 250)
+        store.flush()  # the chunks [0, 100) and [100, 200) are deleted
+        assert not node.storage.exists(old[0].name)
+
+    change_layout_during_the_first_tier2_read(node, monkeypatch, truncate)
+    assert store.read("s", 260, 100).data == data[260:360]
 
 
 def test_evicted_range_next_to_a_cached_block_is_cached_once_read(

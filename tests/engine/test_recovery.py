@@ -25,7 +25,7 @@ from engine import (
 )
 from engine import operations as ops
 from engine.durable_log.frames import encode_batch
-from engine.naming import parse_log_file_name, segment_object_key, tier1_dir
+from engine.naming import chunk_name, layout_key, parse_chunk_name, parse_log_file_name, tier1_dir
 from tests.engine.conftest import Node, logged_operations, small_settings
 
 W1, W2 = uuid.UUID(int=11), uuid.UUID(int=12)
@@ -144,35 +144,98 @@ def test_store_is_not_ready_until_recovered(make_node: Callable[..., Node]) -> N
     node.store.append("s", b"x")
 
 
-def test_tier2_object_longer_than_its_segment_fails_recovery(node: Node) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_late_bytes_past_a_chunks_recorded_length_never_show(
+    make_node: Callable[..., Node], mode: str
+) -> None:
+    """Failover: an older epoch's write lands after its layout was recorded, before and after a restart."""
+    node = make_node(**MODES[mode])
     node.store.create("s")
     node.store.append("s", b"abc")
     node.store.flush()
-    seg_key = segment_object_key(0, "s", node.store.info("s").segment_id)
+    settle(node, mode)
+    [chunk] = node.layout("s")
     node.store.close()
-    node.storage.objects[seg_key] += b"extra"
-    node.restart(wait=False)
-    with pytest.raises(ContainerNotReady) as info:
-        node.store.wait_ready(5)
-    assert isinstance(info.value.__cause__, DataCorrupted)
-    assert not node.store.ready
-    assert node.store.failure is not None and "container 0" in node.store.failure
-    assert "Tier 2 holds 8 bytes" in node.store.failure
-    with pytest.raises(ContainerNotReady):
-        node.store.info("s")
+    node.storage.write(node.storage.open_write(chunk.name), 3, b"late")  # while no one owns the container
+    node.restart()
+    assert node.layout("s") == [chunk]
+    assert node.store.info("s").length == node.store.info("s").storage_length == 3
+    node.evict_all()
+    assert node.store.read("s").data == b"abc"
+    node.storage.write(node.storage.open_write(chunk.name), 7, b"later")  # after the new epoch started
+    node.store.append("s", b"def")
+    node.store.flush()
+    layout = node.layout("s")
+    assert layout[0] == chunk and len(layout) == 2  # the new epoch writes a chunk of its own
+    assert parse_chunk_name(layout[1].name).epoch == node.container.metadata.epoch  # type: ignore[union-attr]
+    assert node.storage.chunks[chunk.name] == b"abclatelater"
+    node.evict_all()
+    assert node.store.read("s").data == b"abcdef"
+    settle(node, mode)
+    node.restart()
+    node.evict_all()
+    assert node.store.read("s").data == b"abcdef"
+    assert node.tier2_bytes("s") == b"abcdef"
 
 
-def test_bytes_in_neither_tier_fail_recovery(make_node: Callable[..., Node]) -> None:
-    node = make_node(**MODES["truncated"])
-    node.store.create("s")
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_chunk_named_by_the_layout_but_lost_in_tier2_fails_reads(
+    make_node: Callable[..., Node], damage: str
+) -> None:
+    node = make_node(**MODES["truncated"], storage_read_block_bytes=5, read_ahead_bytes=0)
+    node.store.create("s", rollover_bytes=5)
     node.store.append("s", b"0123456789")
     settle(node, "truncated")
+    _first, second = node.layout("s")
     node.store.close()
-    node.storage.objects[segment_object_key(0, "s", 1)] = bytearray(b"01234")  # Tier 2 lost bytes
-    node.restart(wait=False)
-    with pytest.raises(ContainerNotReady) as info:
-        node.store.wait_ready(5)
-    assert isinstance(info.value.__cause__, DataCorrupted)
+    if damage == "missing":
+        node.storage.delete(second.name)
+    else:
+        node.storage.chunks[second.name] = bytearray(b"56")  # Tier 2 lost bytes
+    node.restart()  # the layout comes from Tier 1; Tier 2 is not listed chunk by chunk
+    node.evict_all()
+    assert node.store.read("s", 0, 5).data == b"01234"
+    with pytest.raises(DataCorrupted):
+        node.store.read("s", 5, 5)
+    with pytest.raises(DataCorrupted):
+        node.store.read("s")
+    assert node.store.info("s").length == 10  # the segment is still there, its bytes are not
+
+
+def test_unreferenced_chunks_of_older_epochs_are_collected_at_start(make_node: Callable[..., Node]) -> None:
+    node = make_node()
+    node.store.create("s", rollover_bytes=4)
+    node.store.append("s", b"0123456789")
+    node.store.create("backup")
+    node.store.append("backup", b"saved")
+    exported = node.store.export_layout("backup")
+    assert exported == layout_key("backup")
+    node.store.delete("backup")  # its exported layout stays; its chunks go with it
+    node.store.flush()
+    seg_id, epoch = node.store.info("s").segment_id, node.container.metadata.epoch
+    referenced = {c.name for c in node.layout("s")}
+    assert len(referenced) == 3
+    orphans = {  # writes whose layout never became durable, of this epoch and an older one
+        chunk_name(0, "s", seg_id, epoch, 10),
+        chunk_name(0, "s", seg_id, epoch - 1 if epoch > 1 else 0, 0),
+        chunk_name(0, "gone", 99, epoch, 0),
+    }
+    foreign = {chunk_name(1, "s", seg_id, 0, 0), "not/a/chunk"}  # another container's, and not a chunk at all
+    for name in orphans | foreign:
+        node.storage.create(name, b"junk")
+    node.restart()
+    assert set(node.storage.chunks) == referenced | foreign | {exported}
+    assert node.layout("s") == sorted(node.layout("s"), key=lambda c: c.start)
+    assert {c.name for c in node.layout("s")} == referenced
+    node.evict_all()
+    assert node.store.read("s").data == b"0123456789"
+    current = chunk_name(0, "s", seg_id, node.container.metadata.epoch, 10)
+    node.storage.create(current, b"junk")
+    node.store.append("s", b"!")
+    node.store.flush()
+    assert node.storage.exists(current)  # the running epoch's own chunks are never collected
+    node.restart()
+    assert not node.storage.exists(current) and node.storage.exists(exported)
 
 
 def test_file_store_recovers_after_a_torn_write(tmp_path: Path) -> None:

@@ -22,7 +22,9 @@ from engine import (
 from engine.container import SegmentContainer
 from engine.durable_log.memory_data_log import MemoryDataLog
 from engine.metrics import EngineMetrics
-from engine.naming import container_for
+from engine.naming import container_chunk_prefix, container_for, parse_chunk_name
+from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.local import LocalChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, small_settings
 
@@ -76,11 +78,22 @@ def test_segments_live_in_their_hashed_container(file_store: SegmentStore, tmp_p
         file_store.create(name)
         file_store.append(name, name.encode())
     file_store.flush()
+    tier2 = LocalChunkStorage(tmp_path / "tier2")
+    referenced: set[str] = set()
     for name in names:
         cid = container_for(name, 4)
-        assert file_store._containers[cid].metadata.by_name(name).length == len(name)
-        stored = list((tmp_path / "tier2" / f"c{cid}").iterdir())
-        assert any(p.read_bytes() == name.encode() for p in stored)
+        seg = file_store._containers[cid].metadata.by_name(name)
+        assert seg.length == seg.storage_length == len(name) and seg.chunks
+        for chunk in seg.chunks:
+            parts = parse_chunk_name(chunk.name)
+            assert parts is not None and (parts.container_id, parts.segment_id) == (cid, seg.segment_id)
+            assert (tmp_path / "tier2" / chunk.name).is_file()
+        assert ChunkedSegmentStorage(tier2, cid).read(seg.chunks, 0, len(name)) == name.encode()
+        referenced.update(c.name for c in seg.chunks)
+    assert {info.name for info in tier2.list()} == referenced
+    for cid in range(4):
+        for info in tier2.list(container_chunk_prefix(cid)):
+            assert parse_chunk_name(info.name).container_id == cid  # type: ignore[union-attr]
     assert {container_for(n, 4) for n in names} == {0, 1, 2, 3}
 
 

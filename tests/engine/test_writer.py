@@ -1,8 +1,9 @@
-"""Storage writer: flush triggers, Tier 2 retries, Tier 1 truncation, deleted segments' objects."""
+"""Storage writer: flush triggers, Tier 2 retries, Tier 1 truncation, layouts, chunks of dropped data."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -12,14 +13,13 @@ import pytest
 
 from engine import ContainerNotReady, SegmentStore
 from engine import operations as ops
-from engine.naming import parse_log_file_name, segment_object_key, tier1_dir
+from engine.naming import parse_chunk_name, parse_log_file_name, tier1_dir
+from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.local import LocalChunkStorage
+from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, leads_with_checkpoint, logged_operations, small_settings, wait_until
 
 W = uuid.UUID(int=3)
-
-
-def key(node: Node, name: str) -> str:
-    return segment_object_key(node.container_id, name, node.store.info(name).segment_id)
 
 
 def writer_rounds(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
@@ -48,7 +48,7 @@ def test_flush_by_size(make_node: Callable[..., Node], monkeypatch: pytest.Monke
     assert node.store.info("s").storage_length == 0
     node.store.append("s", b"b")
     wait_until(lambda: node.store.info("s").storage_length == 1000, what="the size flush")
-    assert node.storage.objects[key(node, "s")] == b"a" * 999 + b"b"
+    assert node.tier2_bytes("s") == b"a" * 999 + b"b"
 
 
 def test_flush_by_age(make_node: Callable[..., Node]) -> None:
@@ -58,33 +58,71 @@ def test_flush_by_age(make_node: Callable[..., Node]) -> None:
     node.store.append("s", b"young")
     wait_until(lambda: node.store.info("s").storage_length == 5, what="the age flush")
     assert time.monotonic() - started >= 0.1
-    assert node.storage.objects[key(node, "s")] == b"young"
+    assert node.tier2_bytes("s") == b"young"
 
 
-def test_tier2_failures_are_retried_and_nothing_is_lost(make_node: Callable[..., Node]) -> None:
+@pytest.mark.parametrize(
+    "faults",
+    [
+        {"create": 1, "write": 1},  # refused before anything landed
+        {"create": 2},
+        {"write": 2},
+    ],
+    ids=["create and write fail", "creates fail", "writes fail"],
+)
+def test_tier2_failures_are_retried_and_nothing_is_lost(
+    make_node: Callable[..., Node], faults: dict[str, int]
+) -> None:
     node = make_node(flush_threshold_bytes=1000)
     node.store.create("s")
-    node.storage.fail_writes = 2
+    for operation, count in faults.items():
+        node.faults.fail(operation, count)
     data = os.urandom(5000)
     for i in range(0, len(data), 250):
         node.store.append("s", data[i : i + 250])
     node.store.flush()
     assert node.metric("segstore_tier2_errors_total") == 2
-    assert node.storage.objects[key(node, "s")] == data
+    assert node.tier2_bytes("s") == data
     assert node.store.info("s").storage_length == len(data)
     node.restart()
     assert node.store.read("s", 0, len(data)).data == data
+
+
+@pytest.mark.parametrize("operation", ["create", "write"])
+def test_tier2_write_that_landed_but_failed_is_retried_without_its_bytes_showing(
+    make_node: Callable[..., Node], operation: str
+) -> None:
+    node = make_node(flush_threshold_bytes=1000)
+    node.store.create("s")
+    node.faults.fail_after_landing(operation)
+    data = os.urandom(5000)
+    for i in range(0, len(data), 250):
+        node.store.append("s", data[i : i + 250])
+    node.store.flush()
+    assert node.metric("segstore_tier2_errors_total") == 1
+    assert node.tier2_bytes("s") == data
+    layout = node.layout("s")
+    assert layout[0].start == 0 and layout[-1].end == len(data) == node.store.info("s").storage_length
+    node.evict_all()
+    assert node.store.read("s", 0, len(data)).data == data
+    node.restart()
+    node.evict_all()
+    assert node.store.read("s", 0, len(data)).data == data
+    assert node.layout("s") == layout
 
 
 def test_replayed_appends_already_in_tier2_are_not_written_again(node: Node) -> None:
     node.store.create("s")
     node.store.append("s", b"once")
     node.store.flush()
-    writes = node.storage.writes
+    layout = node.layout("s")
+    written = node.faults.calls["create"] + node.faults.calls["write"]
     node.restart()  # the log still holds the append: it is replayed
     node.store.flush()
-    assert node.storage.writes == writes
-    assert node.storage.objects[key(node, "s")] == b"once"
+    assert node.faults.calls["create"] + node.faults.calls["write"] == written
+    assert node.layout("s") == layout
+    assert node.tier2_bytes("s") == b"once"
+    assert set(node.storage.chunks) == {c.name for c in layout}
 
 
 def test_seal_reaches_storage(node: Node) -> None:
@@ -119,20 +157,22 @@ def test_tier1_is_truncated_and_a_restart_recovers_from_checkpoint_and_tier2(
     store.truncate("t", 3)
     store.seal("t")
     store.append("gone", b"bye")
-    gone_key = key(node, "gone")
     store.flush()
-    assert node.storage.objects[gone_key] == b"bye"
+    assert node.tier2_bytes("gone") == b"bye"
+    gone_chunks = {c.name for c in node.layout("gone")}
     store.delete("gone")
     node.truncate_tier1("marker")
     marker_id = store.info("marker").segment_id
     appends = [op for op in logged_operations(node.data_log) if isinstance(op, ops.Append)]
     assert all(op.segment_id == marker_id for op in appends)
-    assert gone_key not in node.storage.objects
+    assert gone_chunks and not gone_chunks & set(node.storage.chunks)
     before = {name: store.info(name) for name in ("s", "t", "marker")}
+    layouts = {name: node.layout(name) for name in before}
 
     node.restart()
     store = node.store
     assert {name: store.info(name) for name in before} == before
+    assert {name: node.layout(name) for name in before} == layouts
     assert store.read("s", 0, 5000).data == data
     assert store.read("t").data == b"3456789"
     assert store.writer_event_number("s", W) == 29
@@ -142,20 +182,17 @@ def test_tier1_is_truncated_and_a_restart_recovers_from_checkpoint_and_tier2(
     assert store.list()[0] == [before["marker"], store.info("s"), before["t"]]
 
 
-def test_deleted_segment_object_is_removed_when_the_delete_is_only_in_a_checkpoint(
-    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+def test_deleted_segment_chunks_are_removed_when_the_delete_is_only_in_a_checkpoint(
+    make_node: Callable[..., Node],
 ) -> None:
     node = make_node(checkpoint_every_bytes=1)
-    node.store.create("gone")
+    node.store.create("gone", rollover_bytes=3)
     node.store.append("gone", b"data")
     node.store.flush()
-    gone_key = key(node, "gone")
-    assert gone_key in node.storage.objects
+    gone_chunks = {c.name for c in node.layout("gone")}
+    assert len(gone_chunks) == 2 and gone_chunks <= set(node.storage.chunks)
 
-    def delete(key: str) -> None:
-        raise OSError(5, "injected Tier 2 delete failure")
-
-    monkeypatch.setattr(node.storage, "delete", delete)  # the writer cannot remove the object ...
+    node.faults.outage("delete")  # the writer cannot remove the chunks ...
     node.store.delete("gone")
     for i in range(10):  # ... then a checkpoint that knows it is deleted is logged
         node.store.create(f"other-{i}")  # (no data: dropping Tier 1 before it loses nothing)
@@ -164,10 +201,11 @@ def test_deleted_segment_object_is_removed_when_the_delete_is_only_in_a_checkpoi
     node.container.durable_log.truncate(node.container.metadata.seq + 1)
     assert not any(isinstance(op, ops.Delete) for op in logged_operations(node.data_log))
     node.store.close()
-    monkeypatch.undo()
+    assert gone_chunks <= set(node.storage.chunks)
+    node.faults.end_outage()
     node.restart()
     node.store.flush()
-    assert gone_key not in node.storage.objects
+    assert not gone_chunks & set(node.storage.chunks)
     assert all(not seg.deleted for seg in node.container.metadata.segments.values())
 
 
@@ -191,7 +229,8 @@ def test_file_log_files_are_deleted_after_flushes(tmp_path: Path) -> None:
     store.create("marker")
     store.flush()
     wait_until(lambda: len(log_files(tmp_path)) <= 2, what="Tier 1 files to be deleted")
-    assert (tmp_path / "tier2" / segment_object_key(0, "s", 1)).read_bytes() == data
+    chunks = store._containers[0].metadata.by_name("s").chunks
+    assert ChunkedSegmentStorage(LocalChunkStorage(tmp_path / "tier2"), 0).read(chunks, 0, len(data)) == data
     store.close()
     again = SegmentStore(settings)
     again.start(wait=True)
@@ -200,3 +239,134 @@ def test_file_log_files_are_deleted_after_flushes(tmp_path: Path) -> None:
         assert again.info("marker").length == 0
     finally:
         again.close()
+
+
+def test_truncate_past_whole_chunks_drops_them_from_the_layout_and_from_tier2(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node()
+    node.store.create("s", rollover_bytes=100)
+    data = os.urandom(500)
+    node.store.append("s", data)
+    node.store.flush()
+    layout = node.layout("s")
+    assert [(c.start, c.length) for c in layout] == [(start, 100) for start in range(0, 500, 100)]
+    node.store.truncate("s", 250)
+    node.store.flush()
+    assert node.layout("s") == layout[2:]  # [200, 300) holds the start offset: it stays
+    assert not {c.name for c in layout[:2]} & set(node.storage.chunks)
+    assert {c.name for c in layout[2:]} <= set(node.storage.chunks)
+    assert node.metric("segstore_tier2_chunks_deleted_total") == 2
+    dropped = [
+        op
+        for op in logged_operations(node.data_log)
+        if isinstance(op, ops.UpdateLayout) and op.chunks == [list(c) for c in layout[2:]]
+    ]
+    assert len(dropped) == 1 and dropped[0].storage_length == 500  # the change is in Tier 1
+    node.restart()
+    assert node.layout("s") == layout[2:]
+    node.evict_all()
+    assert node.store.read("s").data == data[250:]
+    node.store.truncate("s", 500)  # every chunk is below the start offset now
+    node.store.flush()
+    assert node.layout("s") == [] and not {c.name for c in layout} & set(node.storage.chunks)
+    info = node.store.info("s")
+    assert (info.start_offset, info.storage_length, info.length) == (500, 500, 500)
+    node.store.append("s", b"after")
+    node.store.flush()
+    node.restart()
+    node.evict_all()
+    assert node.store.read("s").data == b"after"
+    assert [(c.start, c.length) for c in node.layout("s")] == [(500, 5)]
+
+
+def test_all_chunks_of_a_deleted_segment_are_deleted(make_node: Callable[..., Node]) -> None:
+    node = make_node()
+    node.store.create("s", rollover_bytes=64)
+    node.store.create("kept")
+    for _ in range(5):
+        node.store.append("s", os.urandom(100))
+        node.store.append("kept", b"k")
+        node.store.flush()
+    seg_id = node.store.info("s").segment_id
+    chunks = {c.name for c in node.layout("s")}
+    assert len(chunks) >= 8 and chunks <= set(node.storage.chunks)
+    node.store.delete("s")
+    node.store.flush()
+    assert set(node.storage.chunks) == {c.name for c in node.layout("kept")}
+    assert seg_id not in node.container.metadata.segments
+    node.restart()
+    assert set(node.storage.chunks) == {c.name for c in node.layout("kept")}
+    assert node.store.read("kept").data == b"k" * 5
+
+
+def test_without_append_each_flush_writes_a_new_chunk_and_defrag_joins_small_runs(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(storage=MemoryChunkStorage(supports_append=False), defrag_min_chunks=4)
+    node.store.create("s")
+    pieces = [os.urandom(10 + i) for i in range(5)]
+    layouts = []
+    for piece in pieces[:4]:
+        node.store.append("s", piece)
+        node.store.flush()
+        layouts.append(node.layout("s"))
+    for before, after in zip([[], *layouts], layouts, strict=False):
+        assert after[:-1] == before  # the earlier chunks are untouched ...
+        assert after[-1].start == (before[-1].end if before else 0)  # ... and one new chunk follows
+    assert [c.length for c in layouts[-1]] == [len(p) for p in pieces[:4]]
+    assert set(node.storage.chunks) == {c.name for c in layouts[-1]}
+
+    node.store.append("s", pieces[4])
+    node.store.flush()  # 5 chunks, more than defrag_min_chunks: the first 4 (the last may grow) are joined
+    layout = node.layout("s")
+    assert len(layout) == 2 and (layout[1].start, layout[1].length) == (layouts[-1][-1].end, len(pieces[4]))
+    assert (layout[0].start, layout[0].length) == (0, sum(len(p) for p in pieces[:4]))
+    joined = parse_chunk_name(layout[0].name)
+    assert joined is not None and joined.epoch == node.container.metadata.epoch
+    assert node.tier2_bytes("s") == b"".join(pieces)
+    assert set(node.storage.chunks) == {c.name for c in layout}  # the joined chunks are gone
+    node.restart()
+    assert node.layout("s") == layout
+    node.evict_all()
+    assert node.store.read("s").data == b"".join(pieces)
+
+
+def test_a_flush_racing_delete_and_recreate_never_gives_its_chunks_to_the_new_segment(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=1 << 20)
+    node.store.create("s")
+    node.store.append("s", b"old bytes")
+    old_id = node.store.info("s").segment_id
+    in_create, release = threading.Event(), threading.Event()
+    original = node.storage.create
+
+    def create(name: str, data: bytes = b"") -> object:
+        handle = original(name, data)
+        if not in_create.is_set():
+            in_create.set()
+            release.wait(5)  # the chunk is written; its UpdateLayout is not submitted yet
+        return handle
+
+    monkeypatch.setattr(node.storage, "create", create)
+    flusher = threading.Thread(target=node.store.flush)
+    flusher.start()
+    assert in_create.wait(5)
+    node.store.delete("s")
+    node.store.create("s")
+    new = b"the new segment's own, longer bytes"
+    node.store.append("s", new)
+    assert node.store.info("s").segment_id != old_id
+    release.set()
+    flusher.join(10)
+    node.store.flush()
+    for chunk in node.layout("s"):
+        parts = parse_chunk_name(chunk.name)
+        assert parts is not None and parts.segment_id == node.store.info("s").segment_id, chunk
+    assert node.tier2_bytes("s") == new
+    node.evict_all()
+    assert node.store.read("s").data == new
+    node.restart()
+    node.evict_all()
+    assert node.store.read("s").data == new
