@@ -15,11 +15,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import BaseConverter
 
-from app import inputs
+from app import inputs, ops
 from app.errors import segment_headers
 from app.sse import event_stream_response, wants_event_stream
 from engine import (
@@ -246,7 +246,7 @@ def _allowed(handlers: dict[str, Handler]) -> list[str]:
 )
 def segment(target: str) -> Response:
     """Dispatch ``{name}`` or ``{name}:{method}[/{arg}]`` to its handler."""
-    g.route = _ROUTE
+    ops.set_route(_ROUTE)
     _path_is_utf8()
     name, colon, custom = target.partition(":")
     validate_segment_name(name)
@@ -259,7 +259,7 @@ def segment(target: str) -> Response:
     if takes_arg != bool(slash):
         form = f":{verb}/{{id}}" if takes_arg else f":{verb}"
         raise NotFound(f"the custom method is written {form}")
-    g.route = f"{_ROUTE}:{verb}" + ("/{id}" if takes_arg else "")
+    ops.set_route(f"{_ROUTE}:{verb}" + ("/{id}" if takes_arg else ""))
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method
     if method not in handlers:
         raise MethodNotAllowed(valid_methods=_allowed(handlers))
@@ -269,7 +269,7 @@ def segment(target: str) -> Response:
 @bp.get("/v1/segments")
 def list_segments() -> Response:
     """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
-    g.route = "/v1/segments"
+    ops.set_route("/v1/segments")
     prefix = inputs.str_param(request, "prefix") or ""
     after = inputs.str_param(request, "after") or None
     limit = inputs.int_param(request, "limit", minimum=1, maximum=LIST_LIMIT_MAX)

@@ -50,6 +50,7 @@ def test_metrics_count_requests_by_route_method_and_status(client: FlaskClient, 
     client.post(segment, data=b"def")
     client.get(segment + ":info")
     client.get("/v1/segments/no/such:info")
+    client.get("/healthz")
     samples = _samples(client)
     counter = "segstore_http_requests_total"
 
@@ -61,6 +62,7 @@ def test_metrics_count_requests_by_route_method_and_status(client: FlaskClient, 
     assert count("/v1/segments/{name}", "POST", "200") == 2
     assert count("/v1/segments/{name}:info", "GET", "200") == 1
     assert count("/v1/segments/{name}:info", "GET", "404") == 1
+    assert count("/healthz", "GET", "200") == 1  # a plain rule is labelled by its pattern
     latency = frozenset({"route": "/v1/segments/{name}", "method": "POST"}.items())
     assert samples[("segstore_http_request_duration_seconds_count", latency)] == 2
 
