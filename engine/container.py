@@ -44,6 +44,58 @@ from engine.writer import StorageWriter
 log = logging.getLogger(__name__)
 
 _INT64_MAX = 2**63 - 1
+# A read-ahead whose reader has not moved for this long ends (and closes its Tier 2 stream).
+_READ_AHEAD_IDLE_S = 10.0
+# How long a reader waits for a read-ahead that is about to bring its bytes.
+_READ_AHEAD_WAIT_S = 5.0
+
+
+class _ReadAhead:
+    """A sequential reader's position and its read-ahead's, shared by the two."""
+
+    def __init__(self, reader: int, pos: int) -> None:
+        self.reader = reader  # where the reader has got to
+        self.pos = pos  # where the read-ahead has got to
+        self.active = True
+        self.cond = threading.Condition()
+
+    def reader_at(self, offset: int) -> None:
+        with self.cond:
+            if offset > self.reader:
+                self.reader = offset
+                self.cond.notify_all()
+
+    def moved_to(self, offset: int) -> None:
+        with self.cond:
+            self.pos = offset
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        with self.cond:
+            self.active = False
+            self.cond.notify_all()
+
+    def wait_for_room(self, ahead: int) -> bool:
+        """Wait until the read-ahead may go on (the reader came near); False to end it."""
+        with self.cond:
+            while self.active and self.pos >= self.reader + ahead:
+                if not self.cond.wait(_READ_AHEAD_IDLE_S):
+                    return False
+            return self.active
+
+    def wait_past(self, offset: int, ahead: int) -> bool:
+        """A reader missing the cache at ``offset``: True once the read-ahead went past it."""
+        self.reader_at(offset)
+        deadline = time.monotonic() + _READ_AHEAD_WAIT_S
+        with self.cond:
+            if not self.pos <= offset < self.pos + ahead:
+                return False  # it is not about to bring these bytes
+            while self.active and self.pos <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(remaining)
+            return self.pos > offset
 
 
 class SegmentContainer:
@@ -74,7 +126,7 @@ class SegmentContainer:
         self._thread: threading.Thread | None = None
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
         self._read_ends: dict[int, int] = {}  # segment id -> end of its last Tier 2 fetch
-        self._prefetching: set[int] = set()
+        self._read_aheads: dict[int, _ReadAhead] = {}
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -138,6 +190,7 @@ class SegmentContainer:
         self._closed = True
         if self._thread is not None:
             self._thread.join()
+        self._end_read_aheads()
         self.read_index.close()
         if self._failure is None:
             self.writer.close()
@@ -146,7 +199,12 @@ class SegmentContainer:
     def drain(self) -> None:
         """Shutdown has begun: tail reads stop waiting, so their requests end now."""
         self._draining = True
+        self._end_read_aheads()
         self.read_index.close()
+
+    def _end_read_aheads(self) -> None:
+        for state in list(self._read_aheads.values()):
+            state.finish()
 
     def flush(self, timeout_s: float) -> None:
         self._check_ready()
@@ -300,6 +358,9 @@ class SegmentContainer:
             if start < info.length and limit > 0:
                 count = min(limit, info.length - start)
                 data = self._read_range(seg.segment_id, name, start, count)
+                read_ahead = self._read_aheads.get(seg.segment_id)
+                if read_ahead is not None:
+                    read_ahead.reader_at(start + len(data))
                 return ReadResult(data, start, start + len(data), info)
             remaining = deadline - time.monotonic()
             if info.sealed or limit == 0 or remaining <= 0 or self._draining:
@@ -331,6 +392,9 @@ class SegmentContainer:
                 parts.append(cached)
                 pos += len(cached)
                 continue
+            read_ahead = self._read_aheads.get(segment_id)
+            if read_ahead is not None and read_ahead.wait_past(pos, self.settings.read_ahead_bytes):
+                continue  # the read-ahead brought the bytes at pos (unless already evicted)
             parts.append(self._read_tier2(segment_id, name, pos, end))
             pos += len(parts[-1])
         return b"".join(parts)
@@ -349,11 +413,9 @@ class SegmentContainer:
             raise DataCorrupted(f"segment {name!r}: Tier 2 has no bytes at {pos}")
         sequential = self._read_ends.get(segment_id, -1) >= start
         self._read_ends[segment_id] = start + len(data)
-        if sequential and self.settings.read_ahead_bytes and segment_id not in self._prefetching:
-            self._prefetching.add(segment_id)
-            threading.Thread(
-                target=self._read_ahead, args=(segment_id, name, start + len(data)), daemon=True
-            ).start()
+        if sequential and self.settings.read_ahead_bytes and segment_id not in self._read_aheads:
+            state = self._read_aheads[segment_id] = _ReadAhead(end, start + len(data))
+            threading.Thread(target=self._read_ahead, args=(segment_id, name, state), daemon=True).start()
         return data[pos - start : end - start]
 
     def _fetch(self, segment_id: int, name: str, start: int, end: int) -> tuple[int, bytes] | None:
@@ -395,14 +457,53 @@ class SegmentContainer:
             self.read_index.evict(self.metadata.storage_lengths())
             return start, data
 
-    def _read_ahead(self, segment_id: int, name: str, start: int) -> None:
-        """Bring a sequential reader's next bytes into the cache before it asks for them."""
+    def _read_ahead(self, segment_id: int, name: str, state: _ReadAhead) -> None:
+        """Stream a sequential reader's next bytes into the cache, ``read_ahead_bytes`` ahead of it.
+
+        One Tier 2 stream per chunk (on S3, one GetObject instead of one per
+        block), paused while the reader is far enough behind, ended when the
+        reader stops, the segment goes or its layout no longer has the bytes.
+        """
+        ahead = self.settings.read_ahead_bytes
+        piece_bytes = self.settings.storage_read_block_bytes
         try:
-            if self.read_index.cached_end(segment_id, start) == start:
-                fetched = self._fetch(segment_id, name, start, start + self.settings.read_ahead_bytes)
-                if fetched is not None:  # the reader stays sequential when it reads past these bytes
-                    self._read_ends[segment_id] = fetched[0] + len(fetched[1])
+            while state.wait_for_room(ahead):
+                pos = state.pos
+                with self.metadata.lock:
+                    seg = self.metadata.segments.get(segment_id)
+                    if seg is None or seg.deleted:
+                        return
+                    chunk = next((c for c in seg.chunks if c.start <= pos < c.end), None)
+                if chunk is None:
+                    return  # past the end of Tier 2
+                cached_end = self.read_index.cached_end(segment_id, pos)
+                if cached_end > pos:
+                    state.moved_to(cached_end)
+                    continue
+                stop = chunk.end
+                next_cached = self.read_index.next_cached(segment_id, pos)
+                if next_cached is not None:
+                    stop = min(stop, next_cached)
+                stream = self.chunked.stream(chunk, pos, stop - pos, piece_bytes)
+                try:
+                    for data in stream:
+                        with self.metadata.lock:
+                            seg = self.metadata.segments.get(segment_id)
+                            if seg is None or seg.deleted:
+                                return
+                        self.read_index.insert(segment_id, pos, data)
+                        self.read_index.evict(self.metadata.storage_lengths())
+                        pos += len(data)
+                        self._read_ends[segment_id] = pos  # reading past here is still sequential
+                        state.moved_to(pos)
+                        if not state.wait_for_room(ahead):
+                            return
+                finally:
+                    stream.close()
+        except ChunkNotFound:
+            log.debug("read-ahead of %s ends: its layout changed", name)
         except (ChunkStorageError, OSError, SegstoreError) as exc:
-            log.debug("read-ahead of %s at %d failed: %s", name, start, exc)
+            log.debug("read-ahead of %s at %d failed: %s", name, state.pos, exc)
         finally:
-            self._prefetching.discard(segment_id)
+            state.finish()
+            self._read_aheads.pop(segment_id, None)

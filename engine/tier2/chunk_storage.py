@@ -22,7 +22,7 @@ boto3) are cooperative under gevent and call directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -92,6 +92,14 @@ class ChunkStorage(Protocol):
         """Up to ``length`` bytes from ``offset``; fewer only at the chunk's end."""
         ...
 
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        """The bytes of ``read(handle, offset, length)`` as pieces of ``piece_bytes`` (the last shorter).
+
+        For sequential readers: S3 answers it with one streamed GetObject
+        instead of one request per piece. Closing the iterator early ends it.
+        """
+        ...
+
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         """Append ``data`` at ``offset``, which must be the current length (else BadChunkOffset).
 
@@ -118,3 +126,22 @@ class ChunkStorage(Protocol):
     def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
         """Every chunk whose name starts with ``prefix``, in name order."""
         ...
+
+
+def pieces_of(
+    read: Callable[[ChunkHandle, int, int], bytes],
+    handle: ChunkHandle,
+    offset: int,
+    length: int,
+    piece_bytes: int,
+) -> Iterator[bytes]:
+    """``read_stream`` for bindings where a read costs little: one ``read`` per piece."""
+    if piece_bytes <= 0:
+        raise ValueError(f"piece_bytes must be positive, not {piece_bytes}")
+    end = offset + length
+    while offset < end:
+        piece = read(handle, offset, min(piece_bytes, end - offset))
+        if not piece:
+            return
+        yield piece
+        offset += len(piece)

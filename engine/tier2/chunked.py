@@ -26,7 +26,7 @@ import bisect
 import itertools
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from engine import naming
@@ -161,6 +161,12 @@ class ChunkedSegmentStorage:
             length -= count
             index += 1
         return b"".join(parts)
+
+    def stream(self, chunk: ChunkRef, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        """``length`` bytes of one chunk from segment offset ``offset``, as they arrive, in pieces."""
+        assert chunk.start <= offset and offset + length <= chunk.end, (chunk, offset, length)
+        handle = ChunkHandle(chunk.name, read_only=True)
+        return self.storage.read_stream(handle, offset - chunk.start, length, piece_bytes)
 
     # --------------------------------------------------------- layout changes
     @staticmethod

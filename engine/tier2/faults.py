@@ -149,6 +149,10 @@ class FaultyChunkStorage:
     def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         return self._call("read", lambda: self.inner.read(handle, offset, length))
 
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        """Faults of ``read`` apply when the stream is opened."""
+        return self._call("read", lambda: self.inner.read_stream(handle, offset, length, piece_bytes))
+
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         return self._call("write", lambda: self.inner.write(handle, offset, data))
 

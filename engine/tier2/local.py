@@ -38,6 +38,7 @@ from engine.tier2.chunk_storage import (
     ChunkInfo,
     ChunkNotFound,
     ChunkStorageError,
+    pieces_of,
 )
 
 # Temporary files of ``create`` start with this; no chunk's file name may.
@@ -148,6 +149,9 @@ class LocalChunkStorage:
             return b""
         with _translated(handle.name):
             return run_blocking(_read, path, offset, length)
+
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        return pieces_of(self.read, handle, offset, length, piece_bytes)
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         """Append ``data`` at ``offset`` (the file's size) and fdatasync; returns the new size."""

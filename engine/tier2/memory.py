@@ -20,6 +20,7 @@ from engine.tier2.chunk_storage import (
     ChunkInfo,
     ChunkNotFound,
     ChunkNotSupported,
+    pieces_of,
 )
 
 
@@ -82,6 +83,9 @@ class MemoryChunkStorage:
             return b""
         with self._lock:
             return bytes(self._get(handle.name)[offset : offset + length])
+
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        return pieces_of(self.read, handle, offset, length, piece_bytes)
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         """Append ``data`` at ``offset`` (the chunk's length); returns the new length."""

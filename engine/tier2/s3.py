@@ -43,6 +43,7 @@ from engine.tier2.chunk_storage import (
     ChunkNotFound,
     ChunkNotSupported,
     ChunkStorageError,
+    pieces_of,
 )
 
 MiB = 1024 * 1024
@@ -234,6 +235,41 @@ class S3ChunkStorage:
         if len(data) != expected:
             raise ChunkStorageError(f"read of {handle.name!r} at {offset}: {len(data)} bytes, not {expected}")
         return data
+
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        """One ranged GetObject, its body read piece by piece as the caller consumes it."""
+        if offset < 0 or length < 0 or piece_bytes <= 0:
+            raise ValueError(f"bad read range: offset {offset}, length {length}, pieces {piece_bytes}")
+        if length == 0:
+            return
+        with _translated("read", handle.name):
+            try:
+                answer = self.client.get_object(
+                    Bucket=self.bucket,
+                    Key=self._key(handle.name),
+                    Range=f"bytes={offset}-{offset + length - 1}",
+                )
+            except ClientError as exc:
+                if _code(exc) == "InvalidRange":
+                    return
+                raise
+        body = answer["Body"]
+        content_range = answer.get("ContentRange")
+        if content_range is None:  # the endpoint ignored the range
+            body.close()
+            yield from pieces_of(self.read, handle, offset, length, piece_bytes)
+            return
+        left = max(0, min(length, int(content_range.rpartition("/")[2]) - offset))
+        try:
+            while left > 0:
+                with _translated("read", handle.name):
+                    piece = body.read(min(piece_bytes, left))
+                if not piece:
+                    raise ChunkStorageError(f"read of {handle.name!r} at {offset}: the body ended early")
+                left -= len(piece)
+                yield piece
+        finally:
+            body.close()
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
         raise ChunkNotSupported("S3 objects cannot be appended to")

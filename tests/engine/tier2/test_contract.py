@@ -126,6 +126,23 @@ class ChunkStorageContract:
         with pytest.raises(ValueError):
             storage.read(handle, 0, -1)
 
+    def test_read_stream_gives_the_bytes_of_read_in_pieces(self, storage: ChunkStorage) -> None:
+        data = payload(1000, seed=2)
+        handle = storage.create(CHUNK, data)
+
+        def pieces(offset: int, length: int, piece_bytes: int) -> list[bytes]:
+            return list(storage.read_stream(handle, offset, length, piece_bytes))
+
+        assert pieces(0, 1000, 300) == [data[0:300], data[300:600], data[600:900], data[900:]]
+        assert pieces(10, 100, 1000) == [data[10:110]]
+        assert b"".join(pieces(900, 5000, 64)) == data[900:]
+        assert pieces(1000, 10, 64) == [] and pieces(0, 0, 64) == []
+        stream = storage.read_stream(handle, 0, 1000, 100)
+        assert next(stream) == data[:100]
+        stream.close()  # a reader may stop early
+        with pytest.raises(ChunkNotFound):
+            list(storage.read_stream(ChunkHandle("no/such/chunk", read_only=True), 0, 10, 5))
+
     # ------------------------------------------------------------ writes
     def test_append_writes_at_the_end(
         self, storage: ChunkStorage, reopen: Callable[[], ChunkStorage]
