@@ -36,6 +36,8 @@ from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 log = logging.getLogger(__name__)
 
 _BACKOFF_MAX_S = 10.0
+# Most bytes a flush writes to Tier 2 before it commits the new layout.
+_LAYOUT_COMMIT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -175,17 +177,24 @@ class StorageWriter:
             self.read_index.drop_segment(segment_id)
             self.metadata.forget(segment_id)
             return
+        # Bytes are copied out of the cache a step at a time (bounded memory); the
+        # layout is committed through Tier 1 once per commit_bytes, not per step,
+        # so a large backlog is not paced by one Tier 1 round trip per step.
         step = max(self.settings.flush_threshold_bytes, 1)
-        while flushed < agg.end:
-            data = self.read_index.read(segment_id, flushed, min(agg.end - flushed, step))
-            assert data, f"segment {segment_id}: unflushed bytes at {flushed} are not cached"
-            layout = self.chunked.write(name, segment_id, chunks, flushed, data, rollover)
-            if not self._commit_layout(name, segment_id, chunks, layout, flushed + len(data)):
-                return
-            known = {c.name for c in chunks}
-            self.metrics.tier2_chunks_created.inc(sum(c.name not in known for c in layout))
-            chunks, flushed = layout, flushed + len(data)
+        commit_bytes = max(step, _LAYOUT_COMMIT_BYTES)
+        layout, written = chunks, flushed
+        while written < agg.end:
+            data = self.read_index.read(segment_id, written, min(agg.end - written, step))
+            assert data, f"segment {segment_id}: unflushed bytes at {written} are not cached"
+            layout = self.chunked.write(name, segment_id, layout, written, data, rollover)
+            written += len(data)
             self.metrics.tier2_flush_bytes.inc(len(data))
+            if written - flushed >= commit_bytes or written >= agg.end:
+                if not self._commit_layout(name, segment_id, chunks, layout, written):
+                    return
+                known = {c.name for c in chunks}
+                self.metrics.tier2_chunks_created.inc(sum(c.name not in known for c in layout))
+                chunks, flushed = layout, written
         if agg.truncate:
             with self.metadata.lock:
                 start_offset = self.metadata.segments[segment_id].start_offset
