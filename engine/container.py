@@ -84,11 +84,11 @@ class _ReadAhead:
             return self.active
 
     def wait_past(self, offset: int, ahead: int) -> bool:
-        """A reader missing the cache at ``offset``: True once the read-ahead went past it."""
+        """A reader missing the cache at ``offset``: True once the read-ahead is past it (maybe already)."""
         self.reader_at(offset)
         deadline = time.monotonic() + _READ_AHEAD_WAIT_S
         with self.cond:
-            if not self.pos <= offset < self.pos + ahead:
+            if offset >= self.pos + ahead:
                 return False  # it is not about to bring these bytes
             while self.active and self.pos <= offset:
                 remaining = deadline - time.monotonic()
@@ -357,7 +357,8 @@ class SegmentContainer:
                 raise BadOffset(f"offset {start} is past the length {info.length}", segment=info)
             if start < info.length and limit > 0:
                 count = min(limit, info.length - start)
-                data = self._read_range(seg.segment_id, name, start, count)
+                scan = start == info.start_offset  # a scan from the start: read ahead at once
+                data = self._read_range(seg.segment_id, name, start, count, scan=scan)
                 read_ahead = self._read_aheads.get(seg.segment_id)
                 if read_ahead is not None:
                     read_ahead.reader_at(start + len(data))
@@ -382,10 +383,16 @@ class SegmentContainer:
         if self._closed:
             raise ContainerNotReady(f"container {self.container_id} is stopping")
 
-    def _read_range(self, segment_id: int, name: str, start: int, count: int) -> bytes:
-        """``count`` bytes from ``start``: cached first, the gaps from Tier 2."""
+    def _read_range(self, segment_id: int, name: str, start: int, count: int, *, scan: bool) -> bytes:
+        """``count`` bytes from ``start``: cached first, the gaps from Tier 2.
+
+        ``scan``: the read starts at the segment's start offset; a miss there
+        starts the read-ahead at once and waits for it (one Tier 2 stream, not
+        a ranged read first and a stream after).
+        """
         parts: list[bytes] = []
         pos, end = start, start + count
+        rechecked = -1  # the one position whose miss was read again after the read-ahead passed it
         while pos < end:
             cached = self.read_index.read(segment_id, pos, end - pos)
             if cached:
@@ -393,7 +400,14 @@ class SegmentContainer:
                 pos += len(cached)
                 continue
             read_ahead = self._read_aheads.get(segment_id)
-            if read_ahead is not None and read_ahead.wait_past(pos, self.settings.read_ahead_bytes):
+            if read_ahead is None and scan and pos == start and self.settings.read_ahead_bytes:
+                read_ahead = self._start_read_ahead(segment_id, name, reader=pos, pos=pos)
+            if (
+                read_ahead is not None
+                and rechecked != pos
+                and read_ahead.wait_past(pos, self.settings.read_ahead_bytes)
+            ):
+                rechecked = pos
                 continue  # the read-ahead brought the bytes at pos (unless already evicted)
             parts.append(self._read_tier2(segment_id, name, pos, end))
             pos += len(parts[-1])
@@ -410,12 +424,13 @@ class SegmentContainer:
         if start > pos:
             raise SegmentTruncated(f"segment {name!r} was truncated during the read")
         if pos - start >= len(data):
+            if self.read_index.cached_end(segment_id, pos) > pos:
+                return b""  # a read-ahead cached the bytes at pos meanwhile: the caller reads them
             raise DataCorrupted(f"segment {name!r}: Tier 2 has no bytes at {pos}")
         sequential = self._read_ends.get(segment_id, -1) >= start
         self._read_ends[segment_id] = start + len(data)
         if sequential and self.settings.read_ahead_bytes and segment_id not in self._read_aheads:
-            state = self._read_aheads[segment_id] = _ReadAhead(end, start + len(data))
-            threading.Thread(target=self._read_ahead, args=(segment_id, name, state), daemon=True).start()
+            self._start_read_ahead(segment_id, name, reader=end, pos=start + len(data))
         return data[pos - start : end - start]
 
     def _fetch(self, segment_id: int, name: str, start: int, end: int) -> tuple[int, bytes] | None:
@@ -456,6 +471,11 @@ class SegmentContainer:
             self.read_index.insert(segment_id, start, data)
             self.read_index.evict(self.metadata.storage_lengths())
             return start, data
+
+    def _start_read_ahead(self, segment_id: int, name: str, *, reader: int, pos: int) -> _ReadAhead:
+        state = self._read_aheads[segment_id] = _ReadAhead(reader, pos)
+        threading.Thread(target=self._read_ahead, args=(segment_id, name, state), daemon=True).start()
+        return state
 
     def _read_ahead(self, segment_id: int, name: str, state: _ReadAhead) -> None:
         """Stream a sequential reader's next bytes into the cache, ``read_ahead_bytes`` ahead of it.

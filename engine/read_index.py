@@ -84,7 +84,7 @@ class ReadIndex:
     # ------------------------------------------------------------------ reads
     def read(self, segment_id: int, offset: int, max_length: int) -> bytes:
         """The cached bytes contiguous from ``offset``, at most ``max_length`` (maybe empty)."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         wanted = max_length
         with self._lock:
             index = self._segments.get(segment_id)
@@ -101,7 +101,10 @@ class ReadIndex:
                     break
                 block = self.cache.get((segment_id, start))
                 assert block is not None, (segment_id, start)
-                piece = bytes(block[offset - start : offset - start + wanted])
+                cut = slice(offset - start, offset - start + wanted)
+                # A view of an immutable block is safe to join after the lock is
+                # released (one copy, not two); a growing tail block is copied here.
+                piece = memoryview(block)[cut] if isinstance(block, bytes) else bytes(block[cut])
                 parts.append(piece)
                 offset += len(piece)
                 wanted -= len(piece)

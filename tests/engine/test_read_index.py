@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -168,29 +169,34 @@ def test_drain_ends_waiting_tails_and_stops_new_waits(node: Node) -> None:
 
 
 def tier2_reads(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Record every Tier 2 read of the node as (segment offset, length).
-
-    A read-ahead's stream counts as one read of the bytes it delivered,
-    recorded when it ends.
-    """
+    """Record every ranged Tier 2 read of the node as (segment offset, length)."""
     calls: list[tuple[int, int]] = []
     chunked = node.container.chunked
-    original_read, original_stream = chunked.read, chunked.stream
+    original = chunked.read
 
     def read(chunks: list[ChunkRef], offset: int, length: int) -> bytes:
         calls.append((offset, length))
-        return original_read(chunks, offset, length)
+        return original(chunks, offset, length)
+
+    monkeypatch.setattr(chunked, "read", read)
+    return calls
+
+
+def tier2_streams(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record every Tier 2 stream of the node (read-ahead) as (segment offset, bytes delivered) as it ends."""
+    calls: list[tuple[int, int]] = []
+    chunked = node.container.chunked
+    original = chunked.stream
 
     def stream(chunk: ChunkRef, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
         delivered = 0
         try:
-            for piece in original_stream(chunk, offset, length, piece_bytes):
+            for piece in original(chunk, offset, length, piece_bytes):
                 delivered += len(piece)
                 yield piece
         finally:
             calls.append((offset, delivered))
 
-    monkeypatch.setattr(chunked, "read", read)
     monkeypatch.setattr(chunked, "stream", stream)
     return calls
 
@@ -269,35 +275,36 @@ def test_a_sequential_reader_gets_the_next_bytes_prefetched(
     node = make_node(**READ_AHEAD)
     index = node.container.read_index
     seg_id, data = cold_segment(node, 8192)
-    reads = tier2_reads(node, monkeypatch)
-    assert node.store.read("s", 0, 512).data == data[:512]  # block 0: not yet a sequential reader
+    reads, streams = tier2_reads(node, monkeypatch), tier2_streams(node, monkeypatch)
+    assert node.store.read("s", 512, 512).data == data[512:1024]  # not at the start: not yet sequential
     time.sleep(0.05)
-    assert reads == [(0, 512)] and index.cached_end(seg_id, 0) == 512
-    assert node.store.read("s", 512, 512).data == data[512:1024]  # block 1 follows block 0
-    wait_until(lambda: index.cached_end(seg_id, 0) == 1024 + 2048, what="the read-ahead")
-    assert reads == [(0, 512), (512, 512)]  # fetched by one stream, paused read_ahead_bytes ahead
-    assert b"".join(node.store.read("s", o, 512).data for o in range(1024, 3072, 512)) == data[1024:3072]
-    assert reads == [(0, 512), (512, 512)]  # served from the cache
+    assert reads == [(512, 512)] and index.cached_end(seg_id, 512) == 1024
+    assert node.store.read("s", 1024, 512).data == data[1024:1536]  # follows the first read
+    wait_until(lambda: index.cached_end(seg_id, 512) == 1536 + 2048, what="the read-ahead")
+    assert reads == [(512, 512), (1024, 512)]  # fetched by one stream, paused read_ahead_bytes ahead
+    assert b"".join(node.store.read("s", o, 512).data for o in range(1536, 3584, 512)) == data[1536:3584]
+    assert reads == [(512, 512), (1024, 512)]  # served from the cache
     node.close()
-    wait_until(lambda: len(reads) == 3, what="the stream to end with the node")
-    assert reads[2][0] == 1024 and reads[2][1] >= 2048  # the stream, recorded once closed
+    wait_until(lambda: streams and streams[-1][0] + streams[-1][1] >= 3584, what="the streams to end")
+    assert streams[0][0] == 1536 and reads == [(512, 512), (1024, 512)]
 
 
-def test_read_ahead_keeps_up_with_a_sequential_reader(
+def test_a_scan_from_the_start_offset_is_one_stream_that_keeps_ahead(
     make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = make_node(**READ_AHEAD)
     index = node.container.read_index
     seg_id, data = cold_segment(node, 8192)
-    reads = tier2_reads(node, monkeypatch)
-    for offset in (0, 512):
+    reads, streams = tier2_reads(node, monkeypatch), tier2_streams(node, monkeypatch)
+    for offset in range(0, 3584, 512):
         assert node.store.read("s", offset, 512).data == data[offset : offset + 512]
-    wait_until(lambda: index.cached_end(seg_id, 0) == 3072, what="the first read-ahead")
-    for offset in range(1024, 3584, 512):  # the prefetched bytes, then the next block
-        assert node.store.read("s", offset, 512).data == data[offset : offset + 512]
-    # The reader is still sequential: the read that went past the prefetched bytes brings the next ones.
-    wait_until(lambda: index.cached_end(seg_id, 0) >= 3584 + 2048, timeout_s=2, what="the next read-ahead")
-    assert reads == [(0, 512), (512, 512)]  # no ranged read since: one stream keeps ahead
+    # The stream follows the reader: read_ahead_bytes past its last read.
+    wait_until(lambda: index.cached_end(seg_id, 0) >= 3584 + 2048, timeout_s=2, what="the read-ahead")
+    assert reads == []  # not one ranged read: the first miss started the stream and waited for it
+    node.close()
+    wait_until(lambda: streams and streams[-1][0] + streams[-1][1] >= 3584 + 2048, what="the streams to end")
+    assert streams[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(streams))  # one after the other
 
 
 def test_read_ahead_stops_at_the_end_of_tier2_and_never_overwrites_cached_bytes(
