@@ -181,6 +181,9 @@ class StorageWriter:
         # layout is committed through Tier 1 once per commit_bytes, not per step,
         # so a large backlog is not paced by one Tier 1 round trip per step.
         step = max(self.settings.flush_threshold_bytes, 1)
+        if not self.chunked.storage.supports_append:
+            # Every step is an object of its own: none small enough for defrag to copy again.
+            step = max(step, self.settings.defrag_small_bytes)
         commit_bytes = max(step, _LAYOUT_COMMIT_BYTES)
         layout, written = chunks, flushed
         while written < agg.end:

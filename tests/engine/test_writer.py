@@ -372,8 +372,15 @@ def test_a_flush_racing_delete_and_recreate_never_gives_its_chunks_to_the_new_se
     assert node.store.read("s").data == new
 
 
-def test_a_large_backlog_is_flushed_in_steps_under_one_layout_commit(make_node: Callable[..., Node]) -> None:
-    """Bytes leave the cache a step (flush_threshold_bytes) at a time, but one UpdateLayout covers them."""
+@pytest.mark.parametrize(("small_bytes", "step"), [(1000, 2000), (5000, 5000)])
+def test_a_large_backlog_is_flushed_in_steps_under_one_layout_commit(
+    make_node: Callable[..., Node], small_bytes: int, step: int
+) -> None:
+    """Bytes leave the cache a step at a time, but one UpdateLayout covers them.
+
+    A step is flush_threshold_bytes; without append (every step an object of
+    its own) at least defrag_small_bytes, so defrag never copies them again.
+    """
     node = make_node(
         storage=MemoryChunkStorage(supports_append=False),
         flush_threshold_ms=60_000,
@@ -383,11 +390,13 @@ def test_a_large_backlog_is_flushed_in_steps_under_one_layout_commit(make_node: 
     data = os.urandom(10_000)
     for i in range(0, len(data), 1000):
         node.store.append("s", data[i : i + 1000])
-    node.container.settings = small_settings(flush_threshold_ms=60_000, flush_threshold_bytes=2000)
+    node.container.settings = small_settings(
+        flush_threshold_ms=60_000, flush_threshold_bytes=2000, defrag_small_bytes=small_bytes
+    )
     node.container.writer.settings = node.container.settings
     node.store.flush()
     layout = node.layout("s")
-    assert [(c.start, c.length) for c in layout] == [(start, 2000) for start in range(0, 10_000, 2000)]
+    assert [(c.start, c.length) for c in layout] == [(start, step) for start in range(0, 10_000, step)]
     updates = [op for op in logged_operations(node.data_log) if isinstance(op, ops.UpdateLayout)]
     assert len(updates) == 1 and updates[0].storage_length == 10_000
     node.restart()
