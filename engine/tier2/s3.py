@@ -210,56 +210,51 @@ class S3ChunkStorage:
         return int(answer["ContentLength"]), str(answer["ETag"])
 
     # ------------------------------------------------------------- data
-    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
-        """A ranged GetObject; fewer bytes only at the end, b"" past it or for length 0."""
-        if offset < 0 or length < 0:
-            raise ValueError(f"bad read range: offset {offset}, length {length}")
-        key = self._key(handle.name)
-        if length == 0:
-            return b""
+    def _ranged_get(self, handle: ChunkHandle, offset: int, length: int) -> dict[str, Any] | None:
+        """GetObject of ``length`` (> 0) bytes from ``offset``; None past the object's end."""
         with _translated("read", handle.name):
             try:
-                answer = self.client.get_object(
-                    Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
-                )
-            except ClientError as exc:
-                if _code(exc) == "InvalidRange":
-                    return b""
-                raise
-            data = _body(answer)
-        content_range = answer.get("ContentRange")
-        if content_range is None:  # the endpoint ignored the range and sent the whole object
-            return data[offset : offset + length]
-        total = int(content_range.rpartition("/")[2])
-        expected = max(0, min(length, total - offset))
-        if len(data) != expected:
-            raise ChunkStorageError(f"read of {handle.name!r} at {offset}: {len(data)} bytes, not {expected}")
-        return data
-
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
-        """One ranged GetObject, its body read piece by piece as the caller consumes it."""
-        if offset < 0 or length < 0 or piece_bytes <= 0:
-            raise ValueError(f"bad read range: offset {offset}, length {length}, pieces {piece_bytes}")
-        if length == 0:
-            return
-        with _translated("read", handle.name):
-            try:
-                answer = self.client.get_object(
+                return self.client.get_object(
                     Bucket=self.bucket,
                     Key=self._key(handle.name),
                     Range=f"bytes={offset}-{offset + length - 1}",
                 )
             except ClientError as exc:
                 if _code(exc) == "InvalidRange":
-                    return
+                    return None
                 raise
+
+    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        """A ranged GetObject; fewer bytes only at the end, b"" past it or for length 0."""
+        _check_range(offset, length)
+        answer = self._ranged_get(handle, offset, length) if length else None
+        if answer is None:
+            return b""
+        with _translated("read", handle.name):
+            data = _body(answer)
+        content_range = answer.get("ContentRange")
+        if content_range is None:  # the endpoint ignored the range and sent the whole object
+            return data[offset : offset + length]
+        expected = _expected_length(content_range, offset, length)
+        if len(data) != expected:
+            raise ChunkStorageError(f"read of {handle.name!r} at {offset}: {len(data)} bytes, not {expected}")
+        return data
+
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        """One ranged GetObject, its body read piece by piece as the caller consumes it."""
+        _check_range(offset, length)
+        if piece_bytes <= 0:
+            raise ValueError(f"piece_bytes must be positive, not {piece_bytes}")
+        answer = self._ranged_get(handle, offset, length) if length else None
+        if answer is None:
+            return
         body = answer["Body"]
         content_range = answer.get("ContentRange")
         if content_range is None:  # the endpoint ignored the range
             body.close()
             yield from pieces_of(self.read, handle, offset, length, piece_bytes)
             return
-        left = max(0, min(length, int(content_range.rpartition("/")[2]) - offset))
+        left = _expected_length(content_range, offset, length)
         try:
             while left > 0:
                 with _translated("read", handle.name):
@@ -371,6 +366,16 @@ def _translated(what: str, name: str) -> Iterator[None]:
         raise
     except BotoCoreError as exc:
         raise ChunkStorageError(f"S3 {what} {name!r} failed: {exc}") from exc
+
+
+def _check_range(offset: int, length: int) -> None:
+    if offset < 0 or length < 0:
+        raise ValueError(f"bad read range: offset {offset}, length {length}")
+
+
+def _expected_length(content_range: str, offset: int, length: int) -> int:
+    """How many bytes a ranged answer holds: ``length``, cut at the object's end."""
+    return max(0, min(length, int(content_range.rpartition("/")[2]) - offset))
 
 
 def _body(answer: dict[str, Any]) -> bytes:
