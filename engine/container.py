@@ -35,6 +35,7 @@ from engine.errors import (
 )
 from engine.metadata import ContainerMetadata, Outcome
 from engine.metrics import EngineMetrics
+from engine.read_ahead import ReadAhead
 from engine.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
 from engine.tier2.chunked import ChunkedSegmentStorage
@@ -44,58 +45,6 @@ from engine.writer import StorageWriter
 log = logging.getLogger(__name__)
 
 _INT64_MAX = 2**63 - 1
-# A read-ahead whose reader has not moved for this long ends (and closes its Tier 2 stream).
-_READ_AHEAD_IDLE_S = 10.0
-# How long a reader waits for a read-ahead that is about to bring its bytes.
-_READ_AHEAD_WAIT_S = 5.0
-
-
-class _ReadAhead:
-    """A sequential reader's position and its read-ahead's, shared by the two."""
-
-    def __init__(self, reader: int, pos: int) -> None:
-        self.reader = reader  # where the reader has got to
-        self.pos = pos  # where the read-ahead has got to
-        self.active = True
-        self.cond = threading.Condition()
-
-    def reader_at(self, offset: int) -> None:
-        with self.cond:
-            if offset > self.reader:
-                self.reader = offset
-                self.cond.notify_all()
-
-    def moved_to(self, offset: int) -> None:
-        with self.cond:
-            self.pos = offset
-            self.cond.notify_all()
-
-    def finish(self) -> None:
-        with self.cond:
-            self.active = False
-            self.cond.notify_all()
-
-    def wait_for_room(self, ahead: int) -> bool:
-        """Wait until the read-ahead may go on (the reader came near); False to end it."""
-        with self.cond:
-            while self.active and self.pos >= self.reader + ahead:
-                if not self.cond.wait(_READ_AHEAD_IDLE_S):
-                    return False
-            return self.active
-
-    def wait_past(self, offset: int, ahead: int) -> bool:
-        """A reader missing the cache at ``offset``: True once the read-ahead is past it (maybe already)."""
-        self.reader_at(offset)
-        deadline = time.monotonic() + _READ_AHEAD_WAIT_S
-        with self.cond:
-            if offset >= self.pos + ahead:
-                return False  # it is not about to bring these bytes
-            while self.active and self.pos <= offset:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self.cond.wait(remaining)
-            return self.pos > offset
 
 
 class SegmentContainer:
@@ -126,7 +75,7 @@ class SegmentContainer:
         self._thread: threading.Thread | None = None
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
         self._read_ends: dict[int, int] = {}  # segment id -> end of its last Tier 2 fetch
-        self._read_aheads: dict[int, _ReadAhead] = {}
+        self._read_aheads: dict[int, ReadAhead] = {}
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -472,12 +421,12 @@ class SegmentContainer:
             self.read_index.evict(self.metadata.storage_lengths())
             return start, data
 
-    def _start_read_ahead(self, segment_id: int, name: str, *, reader: int, pos: int) -> _ReadAhead:
-        state = self._read_aheads[segment_id] = _ReadAhead(reader, pos)
+    def _start_read_ahead(self, segment_id: int, name: str, *, reader: int, pos: int) -> ReadAhead:
+        state = self._read_aheads[segment_id] = ReadAhead(reader, pos)
         threading.Thread(target=self._read_ahead, args=(segment_id, name, state), daemon=True).start()
         return state
 
-    def _read_ahead(self, segment_id: int, name: str, state: _ReadAhead) -> None:
+    def _read_ahead(self, segment_id: int, name: str, state: ReadAhead) -> None:
         """Stream a sequential reader's next bytes into the cache, ``read_ahead_bytes`` ahead of it.
 
         One Tier 2 stream per chunk (on S3, one GetObject instead of one per
