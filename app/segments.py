@@ -151,7 +151,7 @@ def read(name: str) -> Response:
     result = store().read(name, offset, length, wait_s=wait_s or 0.0)
     headers = segment_headers(result.info)
     headers["Segment-Next-Offset"] = str(result.next_offset)
-    if not result.data:
+    if result.next_offset == result.offset:
         return Response(status=204, headers=headers)
     etag = _etag(result)
     headers["ETag"] = f'"{etag}"'
@@ -162,7 +162,9 @@ def read(name: str) -> Response:
     if byte_range is not None:
         status = 206
         headers["Content-Range"] = f"bytes {result.offset}-{result.next_offset - 1}/*"
-    return Response(result.data, status=status, headers=headers, mimetype="application/octet-stream")
+    headers["Content-Length"] = str(result.next_offset - result.offset)
+    # The pieces go out one by one: a large read is never joined into one copy.
+    return Response(result.pieces, status=status, headers=headers, mimetype="application/octet-stream")
 
 
 def head(name: str) -> Response:

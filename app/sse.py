@@ -45,7 +45,7 @@ def sealed_event(length: int) -> bytes:
 
 
 def _at_sealed_end(result: ReadResult) -> bool:
-    return not result.data and result.info.sealed and result.next_offset >= result.info.length
+    return not result.pieces and result.info.sealed and result.next_offset >= result.info.length
 
 
 def events(store: SegmentStore, name: str, first: ReadResult, keepalive_s: float) -> Iterator[bytes]:
@@ -56,7 +56,7 @@ def events(store: SegmentStore, name: str, first: ReadResult, keepalive_s: float
     """
     result = first
     while True:
-        if result.data:
+        if result.pieces:
             yield data_event(result)
         elif _at_sealed_end(result):
             yield sealed_event(result.info.length)

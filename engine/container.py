@@ -307,14 +307,15 @@ class SegmentContainer:
             if start < info.length and limit > 0:
                 count = min(limit, info.length - start)
                 scan = start == info.start_offset  # a scan from the start: read ahead at once
-                data = self._read_range(seg.segment_id, name, start, count, scan=scan)
+                pieces = self._read_range(seg.segment_id, name, start, count, scan=scan)
+                end = start + sum(map(len, pieces))
                 read_ahead = self._read_aheads.get(seg.segment_id)
                 if read_ahead is not None:
-                    read_ahead.reader_at(start + len(data))
-                return ReadResult(data, start, start + len(data), info)
+                    read_ahead.reader_at(end)
+                return ReadResult(tuple(pieces), start, end, info)
             remaining = deadline - time.monotonic()
             if info.sealed or limit == 0 or remaining <= 0 or self._draining:
-                return ReadResult(b"", start, start, info)
+                return ReadResult((), start, start, info)
             self._wait_for_change(seg.segment_id, info.length, remaining)
             offset = start
 
@@ -332,8 +333,8 @@ class SegmentContainer:
         if self._closed:
             raise ContainerNotReady(f"container {self.container_id} is stopping")
 
-    def _read_range(self, segment_id: int, name: str, start: int, count: int, *, scan: bool) -> bytes:
-        """``count`` bytes from ``start``: cached first, the gaps from Tier 2.
+    def _read_range(self, segment_id: int, name: str, start: int, count: int, *, scan: bool) -> list[bytes]:
+        """``count`` bytes from ``start`` in pieces: cached first, the gaps from Tier 2.
 
         ``scan``: the read starts at the segment's start offset; a miss there
         starts the read-ahead at once and waits for it (one Tier 2 stream, not
@@ -343,10 +344,10 @@ class SegmentContainer:
         pos, end = start, start + count
         rechecked = -1  # the one position whose miss was read again after the read-ahead passed it
         while pos < end:
-            cached = self.read_index.read(segment_id, pos, end - pos)
+            cached = self.read_index.read_pieces(segment_id, pos, end - pos)
             if cached:
-                parts.append(cached)
-                pos += len(cached)
+                parts.extend(cached)
+                pos += sum(map(len, cached))
                 continue
             read_ahead = self._read_aheads.get(segment_id)
             if read_ahead is None and scan and pos == start and self.settings.read_ahead_bytes:
@@ -360,7 +361,7 @@ class SegmentContainer:
                 continue  # the read-ahead brought the bytes at pos (unless already evicted)
             parts.append(self._read_tier2(segment_id, name, pos, end))
             pos += len(parts[-1])
-        return b"".join(parts)
+        return [part for part in parts if part]
 
     def _read_tier2(self, segment_id: int, name: str, pos: int, end: int) -> bytes:
         """Fetch an evicted range from Tier 2 in aligned blocks, cache it, maybe read ahead."""

@@ -84,15 +84,27 @@ class ReadIndex:
     # ------------------------------------------------------------------ reads
     def read(self, segment_id: int, offset: int, max_length: int) -> bytes:
         """The cached bytes contiguous from ``offset``, at most ``max_length`` (maybe empty)."""
+        return b"".join(self._pieces(segment_id, offset, max_length))
+
+    def read_pieces(self, segment_id: int, offset: int, max_length: int) -> list[bytes]:
+        """As ``read``, unjoined: whole blocks as they are cached (no copy), parts of blocks copied."""
+        return [p if isinstance(p, bytes) else bytes(p) for p in self._pieces(segment_id, offset, max_length)]
+
+    def _pieces(self, segment_id: int, offset: int, max_length: int) -> list[bytes | memoryview]:
+        """The cached pieces contiguous from ``offset``; views of immutable blocks, copies of the tail.
+
+        A view of an immutable block stays valid after the lock is released
+        (and after the block is evicted); a growing tail block is copied here.
+        """
         parts: list[bytes | memoryview] = []
         wanted = max_length
         with self._lock:
             index = self._segments.get(segment_id)
             if index is None:
-                return b""
+                return parts
             pos = index.blocks.bisect_right(offset) - 1
             if pos < 0:
-                return b""
+                return parts
             keys = index.blocks.keys()
             while wanted > 0 and pos < len(keys):
                 start = keys[pos]
@@ -102,14 +114,17 @@ class ReadIndex:
                 block = self.cache.get((segment_id, start))
                 assert block is not None, (segment_id, start)
                 cut = slice(offset - start, offset - start + wanted)
-                # A view of an immutable block is safe to join after the lock is
-                # released (one copy, not two); a growing tail block is copied here.
-                piece = memoryview(block)[cut] if isinstance(block, bytes) else bytes(block[cut])
+                if not isinstance(block, bytes):
+                    piece: bytes | memoryview = bytes(block[cut])
+                elif offset == start and wanted >= length:
+                    piece = block
+                else:
+                    piece = memoryview(block)[cut]
                 parts.append(piece)
                 offset += len(piece)
                 wanted -= len(piece)
                 pos += 1
-        return b"".join(parts)
+        return parts
 
     def cached_end(self, segment_id: int, offset: int) -> int:
         """The end of the cached range that contains ``offset`` (``offset`` if none)."""

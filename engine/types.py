@@ -38,13 +38,19 @@ class AppendResult:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    """Bytes read from ``offset``; ``next_offset`` = offset + len(data).
+    """Bytes read from ``offset``, in pieces; ``next_offset`` = offset + their length.
 
-    ``data`` is empty when a tail read timed out, or at the end of a sealed
-    segment (``info.sealed`` and ``next_offset == info.length``).
+    The pieces are cache blocks where a read covers them whole, so a large
+    read is sent without joining (copying) them; ``data`` joins them. No bytes
+    when a tail read timed out, or at the end of a sealed segment
+    (``info.sealed`` and ``next_offset == info.length``).
     """
 
-    data: bytes
+    pieces: tuple[bytes, ...]
     offset: int
     next_offset: int
     info: SegmentInfo
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.pieces)

@@ -59,6 +59,10 @@ def make_client(endpoint_url: str | None = None) -> Any:
     """An S3 client: credentials and region from the usual AWS variables, retries, a wide pool.
 
     A custom endpoint (MinIO, moto, ...) is addressed path-style, which they all accept.
+    Response checksums are checked only where the API requires it: every read
+    here is a ranged GetObject, for which S3 sends no checksum of the bytes
+    returned; endpoints that send the whole object's checksum for a range
+    covering it (moto) would cost a CRC32 pass over every byte read.
     """
     session = boto3.session.Session()
     config = Config(
@@ -67,6 +71,7 @@ def make_client(endpoint_url: str | None = None) -> Any:
         connect_timeout=10,
         read_timeout=60,
         s3={"addressing_style": "path" if endpoint_url else "auto"},
+        response_checksum_validation="when_required",
     )
     return session.client(
         "s3", region_name=session.region_name or DEFAULT_REGION, endpoint_url=endpoint_url, config=config
