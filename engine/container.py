@@ -35,10 +35,10 @@ from engine.errors import (
 )
 from engine.metadata import ContainerMetadata, Outcome
 from engine.metrics import EngineMetrics
-from engine.read_ahead import ReadAhead
+from engine.read_ahead import PrefetchedStream, ReadAhead
 from engine.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 from engine.types import AppendResult, ReadResult, SegmentInfo
 from engine.writer import StorageWriter
 
@@ -431,11 +431,13 @@ class SegmentContainer:
         """Stream a sequential reader's next bytes into the cache, ``read_ahead_bytes`` ahead of it.
 
         One Tier 2 stream per chunk (on S3, one GetObject instead of one per
-        block), paused while the reader is far enough behind, ended when the
-        reader stops, the segment goes or its layout no longer has the bytes.
+        block), the next chunk's opened while this one streams, paused while
+        the reader is far enough behind, ended when the reader stops, the
+        segment goes or its layout no longer has the bytes.
         """
         ahead = self.settings.read_ahead_bytes
-        piece_bytes = self.settings.storage_read_block_bytes
+        current: PrefetchedStream | None = None
+        upcoming: PrefetchedStream | None = None
         try:
             while state.wait_for_room(ahead):
                 pos = state.pos
@@ -443,37 +445,60 @@ class SegmentContainer:
                     seg = self.metadata.segments.get(segment_id)
                     if seg is None or seg.deleted:
                         return
-                    chunk = next((c for c in seg.chunks if c.start <= pos < c.end), None)
-                if chunk is None:
+                    chunks = list(seg.chunks)
+                at = next((i for i, c in enumerate(chunks) if c.start <= pos < c.end), None)
+                if at is None:
                     return  # past the end of Tier 2
                 cached_end = self.read_index.cached_end(segment_id, pos)
                 if cached_end > pos:
                     state.moved_to(cached_end)
                     continue
-                stop = chunk.end
-                next_cached = self.read_index.next_cached(segment_id, pos)
-                if next_cached is not None:
-                    stop = min(stop, next_cached)
-                stream = self.chunked.stream(chunk, pos, stop - pos, piece_bytes)
-                try:
-                    for data in stream:
-                        with self.metadata.lock:
-                            seg = self.metadata.segments.get(segment_id)
-                            if seg is None or seg.deleted:
-                                return
-                        self.read_index.insert(segment_id, pos, data)
-                        self.read_index.evict(self.metadata.storage_lengths())
-                        pos += len(data)
-                        self._read_ends[segment_id] = pos  # reading past here is still sequential
-                        state.moved_to(pos)
-                        if not state.wait_for_room(ahead):
+                if current is not None:
+                    current.close()  # streamed to its end
+                current, upcoming = upcoming, None
+                if current is None or current.key != self._stream_key(segment_id, chunks[at], pos):
+                    if current is not None:
+                        current.close()  # opened for bytes the layout or the cache changed meanwhile
+                    current = self._open_stream(segment_id, chunks[at], pos)
+                following = chunks[at + 1] if at + 1 < len(chunks) else None
+                if (
+                    following is not None
+                    and current.key[2] == following.start  # this stream runs into the next chunk
+                    and self.read_index.cached_end(segment_id, following.start) == following.start
+                ):
+                    upcoming = self._open_stream(segment_id, following, following.start)
+                for data in current.pieces():
+                    with self.metadata.lock:
+                        seg = self.metadata.segments.get(segment_id)
+                        if seg is None or seg.deleted:
                             return
-                finally:
-                    stream.close()
+                    self.read_index.insert(segment_id, pos, data)
+                    self.read_index.evict(self.metadata.storage_lengths())
+                    pos += len(data)
+                    self._read_ends[segment_id] = pos  # reading past here is still sequential
+                    state.moved_to(pos)
+                    if not state.wait_for_room(ahead):
+                        return
         except ChunkNotFound:
             log.debug("read-ahead of %s ends: its layout changed", name)
         except (ChunkStorageError, OSError, SegstoreError) as exc:
             log.debug("read-ahead of %s at %d failed: %s", name, state.pos, exc)
         finally:
+            for stream in (current, upcoming):
+                if stream is not None:
+                    stream.close()
             state.finish()
             self._read_aheads.pop(segment_id, None)
+
+    def _stream_key(self, segment_id: int, chunk: ChunkRef, pos: int) -> tuple[str, int, int]:
+        """What a read-ahead streams from ``pos`` in ``chunk``: up to its end or the next cached byte."""
+        stop = chunk.end
+        next_cached = self.read_index.next_cached(segment_id, pos)
+        if next_cached is not None:
+            stop = min(stop, next_cached)
+        return chunk.name, pos, stop
+
+    def _open_stream(self, segment_id: int, chunk: ChunkRef, pos: int) -> PrefetchedStream:
+        key = self._stream_key(segment_id, chunk, pos)
+        stream = self.chunked.stream(chunk, pos, key[2] - pos, self.settings.storage_read_block_bytes)
+        return PrefetchedStream(key, stream)

@@ -5,12 +5,18 @@ most ``read_ahead_bytes`` ahead of the reader; the reader, on a cache miss
 the read-ahead is about to fill, waits for it instead of reading Tier 2
 itself. This object is the one place both sides meet: positions, a
 condition, and the waits with their time limits.
+
+While one chunk streams, the next chunk's stream is opened in the background
+(``PrefetchedStream``): a Tier 2 request's round trip (milliseconds on S3,
+often more than the transfer of a chunk) overlaps the transfer before it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 
 # A read-ahead whose reader has not moved for this long ends (and closes its Tier 2 stream).
 _READ_AHEAD_IDLE_S = 10.0
@@ -64,3 +70,35 @@ class ReadAhead:
                     return False
                 self.cond.wait(remaining)
             return self.pos > offset
+
+
+class PrefetchedStream:
+    """A Tier 2 stream whose first piece is fetched in a thread of its own, from the moment it is made.
+
+    ``key`` names what it streams, so its user can tell whether it is still
+    the stream wanted. At most one piece is held before ``pieces`` is read.
+    """
+
+    def __init__(self, key: tuple[str, int, int], stream: Iterator[bytes]) -> None:
+        self.key = key
+        self._stream = stream
+        self._first: Future[bytes | None] = Future()
+        threading.Thread(target=self._open, daemon=True).start()
+
+    def _open(self) -> None:
+        try:
+            self._first.set_result(next(self._stream, None))
+        except BaseException as exc:  # handed to the reader of ``pieces``
+            self._first.set_exception(exc)
+
+    def pieces(self) -> Iterator[bytes]:
+        """The stream's pieces; the first one's errors are raised here."""
+        first = self._first.result()
+        if first is None:
+            return
+        yield first
+        yield from self._stream
+
+    def close(self) -> None:
+        """Close the stream (and its connection): now, or once its first piece is in."""
+        self._first.add_done_callback(lambda _: self._stream.close())

@@ -51,6 +51,17 @@ def test_read_is_capped_at_max_read_bytes(client: FlaskClient, segment: str) -> 
     assert response.headers["Segment-Next-Offset"] == str(MAX_READ_BYTES)
 
 
+def test_a_read_of_many_blocks_is_their_bytes_in_order_with_its_length(
+    client: FlaskClient, segment: str
+) -> None:
+    parts = [bytes([i]) * 700 for i in range(3)]  # one cache block each
+    for part in parts:
+        client.post(segment, data=part)
+    response = client.get(segment + "?offset=350")
+    assert response.data == b"".join(parts)[350:]
+    assert response.headers["Content-Length"] == str(2100 - 350)
+
+
 def test_range_answers_206_with_content_range(client: FlaskClient, filled: str) -> None:
     response = client.get(filled, headers={"Range": "bytes=2-5"})
     assert response.status_code == 206

@@ -307,6 +307,45 @@ def test_a_scan_from_the_start_offset_is_one_stream_that_keeps_ahead(
     assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(streams))  # one after the other
 
 
+def test_the_read_ahead_opens_the_next_chunk_while_this_one_streams(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk's stream is requested before the one before it ends, and every stream is closed."""
+    node = make_node(**READ_AHEAD)
+    node.store.create("s", rollover_bytes=1024)
+    data = os.urandom(6144)
+    node.store.append("s", data)
+    node.store.flush()
+    node.evict_all()
+    assert [c.start for c in node.layout("s")] == [0, 1024, 2048, 3072, 4096, 5120]
+    events: list[tuple[str, int]] = []
+    chunked = node.container.chunked
+    original = chunked.stream
+
+    def stream(chunk: ChunkRef, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+        events.append(("open", offset))
+        pieces = original(chunk, offset, length, piece_bytes)
+
+        def recorded() -> Iterator[bytes]:
+            try:
+                yield from pieces
+            finally:
+                events.append(("end", offset))
+
+        return recorded()
+
+    monkeypatch.setattr(chunked, "stream", stream)
+    got = b"".join(node.store.read("s", o, 512).data for o in range(0, 6144, 512))
+    assert got == data
+    node.close()
+    wait_until(lambda: events.count(("end", 5120)) == 1, what="the last stream to end")
+    opened = [offset for kind, offset in events if kind == "open"]
+    assert opened == [0, 1024, 2048, 3072, 4096, 5120]  # one stream per chunk, none opened twice
+    for current, following in itertools.pairwise(opened):
+        assert events.index(("open", following)) < events.index(("end", current)), events
+    assert sorted(offset for kind, offset in events if kind == "end") == opened
+
+
 def test_read_ahead_stops_at_the_end_of_tier2_and_never_overwrites_cached_bytes(
     make_node: Callable[..., Node],
 ) -> None:
@@ -464,6 +503,30 @@ def test_small_appends_grow_one_block_up_to_block_bytes() -> None:
     assert index.read(1, 8, 3) == b"\x02\x03\x03"
     assert index.read(2, 0, 10) == b""
     assert index.cache.size == 21
+
+
+def test_read_pieces_are_whole_blocks_uncopied_and_parts_copied() -> None:
+    index = ReadIndex(Cache(1 << 20), block_bytes=100)
+    first, second = os.urandom(100), os.urandom(100)
+    index.insert(1, 0, first)
+    index.insert(1, 100, second)
+    index.append(1, 200, b"tail")  # a growing block
+    pieces = index.read_pieces(1, 0, 1000)
+    assert pieces[0] is first and pieces[1] is second  # sent as they are, never joined
+    assert pieces[2] == b"tail" and type(pieces[2]) is bytes
+    parts = index.read_pieces(1, 50, 100)
+    assert parts == [first[50:], second[:50]] and all(type(p) is bytes for p in parts)
+    assert index.read_pieces(2, 0, 10) == [] and index.read_pieces(1, 300, 10) == []
+
+
+def test_a_read_of_whole_cached_blocks_hands_them_out_as_they_are(store: SegmentStore) -> None:
+    store.create("s")
+    blocks = [os.urandom(store.settings.cache_block_bytes) for _ in range(3)]
+    for block in blocks:
+        store.append("s", block)
+    result = store.read("s", 0)
+    assert len(result.pieces) == 3 and all(p is b for p, b in zip(result.pieces, blocks, strict=True))
+    assert result.data == b"".join(blocks) and result.next_offset == 3 * len(blocks[0])
 
 
 def test_insert_never_overwrites_cached_bytes() -> None:
