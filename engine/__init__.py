@@ -14,6 +14,7 @@ from engine.errors import (
     PayloadTooLarge,
     SegmentExists,
     SegmentNotFound,
+    SegmentNotSealed,
     SegmentSealed,
     SegmentTruncated,
     SegstoreError,
@@ -23,7 +24,7 @@ from engine.errors import (
 )
 from engine.naming import validate_segment_name
 from engine.store import SegmentStore
-from engine.types import AppendResult, ReadResult, SegmentInfo
+from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
     "AppendResult",
@@ -33,11 +34,13 @@ __all__ = [
     "DataCorrupted",
     "InvalidArgument",
     "InvalidName",
+    "MergeResult",
     "PayloadTooLarge",
     "ReadResult",
     "SegmentExists",
     "SegmentInfo",
     "SegmentNotFound",
+    "SegmentNotSealed",
     "SegmentSealed",
     "SegmentStore",
     "SegmentTruncated",

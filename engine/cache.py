@@ -47,6 +47,11 @@ class Cache:
             self._blocks.move_to_end(key)
         return block
 
+    def rekey(self, old: Key, new: Key) -> None:
+        """The same block under another key (a merge moves blocks between segments)."""
+        assert new not in self._blocks, new
+        self._blocks[new] = self._blocks.pop(old)
+
     def delete(self, key: Key) -> None:
         block = self._blocks.pop(key, None)
         if block is not None:

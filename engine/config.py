@@ -58,6 +58,8 @@ class Settings:
     # Tail reads: the longest `wait` a client may ask for; SSE keep-alive period.
     tail_wait_max_s: float = 60.0
     sse_keepalive_s: float = 15.0
+    # Transactions with no append, commit or abort for this long are aborted.
+    transaction_timeout_s: float = 600.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:

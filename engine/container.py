@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 
+from engine import naming
 from engine import operations as ops
 from engine.cache import Cache
 from engine.config import Settings
@@ -29,6 +30,7 @@ from engine.errors import (
     InvalidArgument,
     PayloadTooLarge,
     SegmentNotFound,
+    SegmentSealed,
     SegmentTruncated,
     SegstoreError,
     Throttled,
@@ -38,8 +40,8 @@ from engine.metrics import EngineMetrics
 from engine.read_ahead import PrefetchedStream, ReadAhead
 from engine.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
-from engine.types import AppendResult, ReadResult, SegmentInfo
+from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef, contiguous_run
+from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 from engine.writer import StorageWriter
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class SegmentContainer:
         self._failure: BaseException | None = None
         self._closed = False
         self._draining = False
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
         self._read_ends: dict[int, int] = {}  # segment id -> end of its last Tier 2 fetch
@@ -93,6 +96,9 @@ class SegmentContainer:
             self.durable_log.check_recovered_data()
             self.durable_log.start()
             self.writer.start()
+            threading.Thread(
+                target=self._reap_transactions, name=f"reaper-{self.container_id}", daemon=True
+            ).start()
         except BaseException as exc:
             log.exception("container %d: recovery failed", self.container_id)
             self._failure = exc
@@ -111,7 +117,7 @@ class SegmentContainer:
         """Start the new epoch in Tier 2: drop older epochs' chunks that no layout names."""
         self.chunked.epoch = self.metadata.epoch
         with self.metadata.lock:
-            referenced = {c.name for s in self.metadata.segments.values() for c in s.chunks}
+            referenced = {c.name for s in self.metadata.segments.values() for c in s.read_layout()}
         dropped = self.chunked.collect_garbage(referenced)
         if dropped:
             log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
@@ -137,6 +143,7 @@ class SegmentContainer:
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         if self._thread is not None:
             self._thread.join()
         self._end_read_aheads()
@@ -267,7 +274,95 @@ class SegmentContainer:
         return self.metadata.info(name)
 
     def delete(self, name: str) -> None:
+        """Delete the segment, then its transactions (any the crash of a delete leaves, the reaper takes)."""
         self._submit(ops.Delete(name=name))
+        for internal in self._internal_segments(name):
+            with contextlib.suppress(SegmentNotFound):
+                self._submit(ops.Delete(name=internal))
+
+    def _internal_segments(self, parent: str) -> list[str]:
+        prefix = parent + "#"
+        with self.metadata.lock:
+            return [n for n in self.metadata.names if n.startswith(prefix)]
+
+    # ------------------------------------------------------ merges, transactions
+    def merge(
+        self, target: str, source: str, *, record_as: str = "", record_created: float = 0.0
+    ) -> MergeResult:
+        """Merge the sealed ``source`` into ``target`` in one operation (seed 000 MergeSegmentOperation).
+
+        A retry after the source is gone answers with the first merge's result
+        (the target remembers recent merges by ``record_as``, default the source).
+        """
+        op = ops.MergeSegment(name=target, source=source, record_as=record_as, record_created=record_created)
+        try:
+            self._submit(op)
+        except SegmentNotFound:
+            recorded = self.merge_record(target, record_as or source)
+            if recorded is None:
+                raise
+            return recorded
+        return MergeResult(op.offset, op.length, self.metadata.info(target))
+
+    def merge_record(self, target: str, source: str, created: float | None = None) -> MergeResult | None:
+        """A recent merge of a segment called ``source`` into ``target`` (created then, if given)."""
+        self._check_ready()
+        with self.metadata.lock:
+            seg = self.metadata.by_name(target)
+            record = seg.merges.get(source)
+            if record is None or (created is not None and record[2] != created):
+                return None
+            return MergeResult(int(record[0]), int(record[1]), seg.info())
+
+    def open_transaction(self, parent: str) -> uuid.UUID:
+        """A new transaction of ``parent``: a segment of its own until commit (seed 000 "Transactions")."""
+        info = self.info(parent)
+        if info.sealed:
+            raise SegmentSealed(f"segment {parent!r} is sealed", segment=info)
+        txid = uuid.uuid4()
+        self.create(naming.transaction_name(parent, txid), rollover_bytes=None)
+        return txid
+
+    def commit_transaction(self, parent: str, txid: uuid.UUID) -> MergeResult:
+        """Seal, then merge into the parent: both queued at once, so one Tier 1 write carries them."""
+        self._check_ready()
+        name = naming.transaction_name(parent, txid)
+        sealed = self.durable_log.add(ops.Seal(name=name))
+        op = ops.MergeSegment(name=parent, source=name)
+        merged = self.durable_log.add(op)
+        with contextlib.suppress(SegmentNotFound):
+            sealed.result()  # else committed already, or never there: the merge's answer says which
+        try:
+            merged.result()
+        except SegmentNotFound:
+            recorded = self.merge_record(parent, name)
+            if recorded is None:
+                raise SegmentNotFound(f"transaction {txid} of {parent!r} does not exist") from None
+            return recorded
+        return MergeResult(op.offset, op.length, self.metadata.info(parent))
+
+    def _reap_transactions(self) -> None:
+        """Abort transactions idle longer than ``transaction_timeout_s``, and those whose parent is gone."""
+        timeout_s = self.settings.transaction_timeout_s
+        period_s = min(max(timeout_s / 4, 0.05), 30.0)
+        while not self._stopping.wait(period_s):
+            idle_before = time.time() - timeout_s
+            with self.metadata.lock:
+                expired = []
+                for name, seg_id in self.metadata.names.items():
+                    if not naming.is_internal(name):
+                        continue
+                    seg = self.metadata.segments[seg_id]
+                    orphan = naming.parent_of(name) not in self.metadata.names
+                    if orphan or (seg.last_modified or seg.created) < idle_before:
+                        expired.append((name, seg_id))
+            for name, seg_id in expired:
+                try:
+                    self._submit(ops.Delete(name=name, segment_id=seg_id))
+                except SegstoreError as exc:
+                    log.debug("container %d: %s not aborted: %s", self.container_id, name, exc)
+                else:
+                    log.info("container %d: %s aborted (idle or orphaned)", self.container_id, name)
 
     def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
         self._check_ready()
@@ -278,7 +373,9 @@ class SegmentContainer:
         self._check_ready()
         with self.metadata.lock:
             names = sorted(
-                n for n in self.metadata.names if n.startswith(prefix) and (after is None or n > after)
+                n
+                for n in self.metadata.names
+                if n.startswith(prefix) and (after is None or n > after) and not naming.is_internal(n)
             )[:limit]
             return [self.metadata.by_name(n).info() for n in names]
 
@@ -364,47 +461,58 @@ class SegmentContainer:
         return [part for part in parts if part]
 
     def _read_tier2(self, segment_id: int, name: str, pos: int, end: int) -> bytes:
-        """Fetch an evicted range from Tier 2 in aligned blocks, cache it, maybe read ahead."""
+        """Fetch an evicted range from Tier 2 in aligned blocks, cache it, maybe read ahead.
+
+        Empty when the bytes at ``pos`` turned up in the cache meanwhile (the caller reads them there).
+        """
         block = self.settings.storage_read_block_bytes
         fetch_to = -(-end // block) * block
-        fetched = self._fetch(segment_id, name, pos - pos % block, fetch_to)
+        fetched = self._fetch(segment_id, name, pos, pos - pos % block, fetch_to)
         if fetched is None:
             raise SegmentNotFound(f"segment {name!r} was deleted")
         start, data = fetched
-        if start > pos:
-            raise SegmentTruncated(f"segment {name!r} was truncated during the read")
-        if pos - start >= len(data):
-            if self.read_index.cached_end(segment_id, pos) > pos:
-                return b""  # a read-ahead cached the bytes at pos meanwhile: the caller reads them
-            raise DataCorrupted(f"segment {name!r}: Tier 2 has no bytes at {pos}")
+        if not data:
+            return b""
+        assert start <= pos < start + len(data), (start, len(data), pos)
         sequential = self._read_ends.get(segment_id, -1) >= start
         self._read_ends[segment_id] = start + len(data)
         if sequential and self.settings.read_ahead_bytes and segment_id not in self._read_aheads:
             self._start_read_ahead(segment_id, name, reader=end, pos=start + len(data))
         return data[pos - start : end - start]
 
-    def _fetch(self, segment_id: int, name: str, start: int, end: int) -> tuple[int, bytes] | None:
-        """Read [start, end) of the segment's Tier 2 bytes, clipped to its layout, into the cache.
+    def _fetch(self, segment_id: int, name: str, pos: int, start: int, end: int) -> tuple[int, bytes] | None:
+        """Read what Tier 2 holds of [start, end) around ``pos`` into the cache.
 
-        None if the segment is gone. A chunk that vanished while the layout
-        changed under the read (defrag, truncation) is read again through the
-        new layout; one the current layout still names is lost: DataCorrupted.
+        The range is clipped to the run of contiguous chunks that holds
+        ``pos`` (the layout, then pending merges) and ends at the next cached
+        byte. None if the segment is gone; no bytes if ``pos`` is cached now.
+        A chunk or range that vanished while the layout changed under the
+        read (flush, merge, defrag, truncation) is read again through the new
+        layout; one the current layout still names is lost: DataCorrupted.
         """
+        seen: list[ChunkRef] | None = None
         while True:
             with self.metadata.lock:
                 seg = self.metadata.segments.get(segment_id)
                 if seg is None or seg.deleted:
                     return None
-                chunks = list(seg.chunks)
-            if not chunks:
-                return start, b""
-            start = max(start, chunks[0].start)
-            end = min(end, chunks[-1].end)
-            next_cached = self.read_index.next_cached(segment_id, start)
+                if pos < seg.start_offset:
+                    raise SegmentTruncated(
+                        f"segment {name!r} was truncated during the read", segment=seg.info()
+                    )
+                chunks = list(seg.read_layout())
+            run = contiguous_run(chunks, pos)
+            if run is None:
+                if self.read_index.cached_end(segment_id, pos) > pos:
+                    return pos, b""
+                if chunks == seen:
+                    raise DataCorrupted(f"segment {name!r}: neither Tier 2 nor the cache has byte {pos}")
+                seen = chunks
+                continue
+            start, end = max(start, run[0]), min(end, run[1])
+            next_cached = self.read_index.next_cached(segment_id, pos)
             if next_cached is not None:
                 end = min(end, next_cached)
-            if end <= start:
-                return start, b""
             try:
                 data = self.chunked.read(chunks, start, end - start)
             except ChunkNotFound as exc:
@@ -412,7 +520,7 @@ class SegmentContainer:
                     seg = self.metadata.segments.get(segment_id)
                     if seg is None or seg.deleted:
                         return None
-                    changed = seg.chunks != chunks
+                    changed = seg.read_layout() != chunks
                 if changed:
                     continue
                 raise DataCorrupted(f"segment {name!r}: a chunk its layout names is lost: {exc}") from None
@@ -445,7 +553,7 @@ class SegmentContainer:
                     seg = self.metadata.segments.get(segment_id)
                     if seg is None or seg.deleted:
                         return
-                    chunks = list(seg.chunks)
+                    chunks = list(seg.read_layout())
                 at = next((i for i, c in enumerate(chunks) if c.start <= pos < c.end), None)
                 if at is None:
                     return  # past the end of Tier 2

@@ -44,6 +44,12 @@ class SegmentSealed(SegstoreError):
     code = "SegmentSealed"
 
 
+class SegmentNotSealed(SegstoreError):
+    """A merge's source must be sealed first."""
+
+    code = "SegmentNotSealed"
+
+
 class SegmentTruncated(SegstoreError):
     code = "SegmentTruncated"
 

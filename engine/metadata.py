@@ -11,6 +11,14 @@ if the Tier 1 write fails (that is the rollback).
 Invariants, asserted on every change:
 ``0 <= start_offset <= length``, ``storage_length <= length``, start offset
 and length never decrease, sequence numbers strictly increase.
+
+A merge (seed 000 "MergeSegmentOperation") moves a sealed source's bytes to
+the end of its target in one operation: the source's name is released at
+once, and the Tier 2 chunks that already hold its bytes become the target's
+*pending merges* until the storage writer joins them to the target's layout
+(``UpdateLayout.merged``). Its unflushed bytes move into the target's read
+index. The target remembers recent merges by source name, so a retried
+commit answers with the first one's offset.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 from collections import ChainMap
 from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine import operations as ops
 from engine.errors import (
@@ -30,10 +38,29 @@ from engine.errors import (
     InvalidArgument,
     SegmentExists,
     SegmentNotFound,
+    SegmentNotSealed,
     SegmentSealed,
 )
-from engine.tier2.chunked import ChunkRef, check_layout, layout_from_json
+from engine.tier2.chunked import ChunkRef, Layout, check_layout, concat_layouts, layout_from_json
 from engine.types import SegmentInfo
+
+# Merges a target remembers for idempotent retries (the oldest are forgotten first).
+MERGE_RECORDS_MAX = 1024
+
+
+class PendingMerge(NamedTuple):
+    """Chunks of a merged source, in target offsets from ``offset``, not yet in the target's layout."""
+
+    offset: int
+    chunks: Layout
+
+    @property
+    def end(self) -> int:
+        return self.chunks[-1].end
+
+
+def _pending_from_json(raw: list[Any]) -> list[PendingMerge]:
+    return [PendingMerge(int(offset), layout_from_json(chunks)) for offset, chunks in raw]
 
 
 @dataclass(slots=True)
@@ -54,11 +81,34 @@ class SegmentMetadata:
     attributes: MutableMapping[str, int] = field(default_factory=dict)
     # Tier 2 layout: the chunks holding [first chunk's start, storage_length).
     chunks: list[ChunkRef] = field(default_factory=list)
+    # Merged sources' chunks above storage_length, by offset (replaced, never changed in place).
+    pending: list[PendingMerge] = field(default_factory=list)
+    # Source name -> [offset, length, source's creation time] of recent merges into this one.
+    merges: dict[str, list[float]] = field(default_factory=dict)
 
     def check(self) -> None:
         assert 0 <= self.start_offset <= self.length, self
         assert 0 <= self.storage_length <= self.length, self
         assert self.event_count >= 0, self
+
+    def check_pending(self) -> None:
+        """Pending merges lie in order between the storage length and the length."""
+        end = self.storage_length
+        for merge in self.pending:
+            assert merge.offset >= end, (merge.offset, end)
+            check_layout(merge.chunks, merge.end, merge.offset)
+            assert merge.chunks[0].start == merge.offset, merge
+            end = merge.end
+        assert end <= self.length, (end, self.length)
+
+    def read_layout(self) -> Layout:
+        """Every chunk holding the segment's bytes in Tier 2: its layout, then pending merges.
+
+        Not contiguous when bytes between them are still only in Tier 1 (and the cache).
+        """
+        if not self.pending:
+            return self.chunks
+        return [*self.chunks, *(c for merge in self.pending for c in merge.chunks)]
 
     def info(self) -> SegmentInfo:
         return SegmentInfo(
@@ -101,9 +151,45 @@ class SegmentMetadata:
             self.chunks = layout_from_json(op.chunks)
             self.storage_length = op.storage_length
             check_layout(self.chunks, self.storage_length, self.start_offset)
+            if op.merged or self.pending:
+                names = {c.name for c in self.chunks}
+                for merge in self.pending:
+                    if merge.offset in op.merged:
+                        assert all(c in names for c in (m.name for m in merge.chunks)), merge
+                self.pending = [m for m in self.pending if m.offset not in op.merged]
+                assert len(op.merged) == len(set(op.merged)), op.merged
+                self.check_pending()
         else:
             raise AssertionError(f"not a segment operation: {op!r}")
         self.check()
+
+
+def merge_into(target: SegmentMetadata, source: SegmentMetadata, op: ops.MergeSegment) -> None:
+    """Apply a validated merge to the target: its length, event count, pending chunks, record.
+
+    Collections are replaced, not changed in place: a processor batch's
+    staged copy of the target shares them with the committed one.
+    """
+    assert source.sealed and not source.deleted and source.start_offset == 0, source
+    assert not target.sealed and not target.deleted, target
+    assert op.offset == target.length and op.length == source.length, (op, target.length, source.length)
+    moved = [PendingMerge(op.offset, concat_layouts([], op.offset, source.chunks))] if source.chunks else []
+    moved += [PendingMerge(op.offset + m.offset, _shifted(m.chunks, op.offset)) for m in source.pending]
+    target.pending = [*target.pending, *moved]
+    target.length += source.length
+    target.event_count += source.event_count
+    target.last_modified = op.timestamp
+    merges = {k: v for k, v in target.merges.items() if k != op.record_as}
+    merges[op.record_as] = [op.offset, op.length, op.record_created]
+    if len(merges) > MERGE_RECORDS_MAX:
+        merges = dict(list(merges.items())[-MERGE_RECORDS_MAX:])
+    target.merges = merges
+    target.check()
+    target.check_pending()
+
+
+def _shifted(chunks: Layout, by: int) -> Layout:
+    return [c._replace(start=c.start + by) for c in chunks]
 
 
 def new_segment(op: ops.CreateSegment) -> SegmentMetadata:
@@ -160,6 +246,13 @@ class ContainerMetadata:
                 self.segments[op.segment_id] = new_segment(op)
                 self.names[op.name] = op.segment_id
                 self.next_segment_id = op.segment_id + 1
+            elif isinstance(op, ops.MergeSegment):
+                target = self.segments[op.segment_id]
+                source = self.segments.pop(op.source_id)
+                del self.names[source.name]
+                unflushed = target.length - target.storage_length + source.length - source.storage_length
+                merge_into(target, source, op)
+                self.unflushed_bytes += target.length - target.storage_length - unflushed
             elif isinstance(op, ops.SegmentOperation):
                 seg = self.segments[op.segment_id]
                 flushed = seg.storage_length
@@ -174,7 +267,9 @@ class ContainerMetadata:
 
     def mark_sealed_in_storage(self, segment_id: int) -> None:
         with self.lock:
-            self.segments[segment_id].sealed_in_storage = True
+            seg = self.segments.get(segment_id)
+            if seg is not None:  # else merged into another meanwhile
+                seg.sealed_in_storage = True
 
     def forget(self, segment_id: int) -> None:
         """Drop a deleted segment whose Tier 2 data is gone."""
@@ -202,9 +297,11 @@ class ContainerMetadata:
             self.names = {}
             self.unflushed_bytes = 0
             for raw in snapshot["segments"]:
-                seg = SegmentMetadata(**{**raw, "chunks": layout_from_json(raw["chunks"])})
+                chunks, pending = layout_from_json(raw["chunks"]), _pending_from_json(raw["pending"])
+                seg = SegmentMetadata(**{**raw, "chunks": chunks, "pending": pending})
                 seg.check()
                 check_layout(seg.chunks, seg.storage_length, seg.start_offset)
+                seg.check_pending()
                 self.segments[seg.segment_id] = seg
                 if not seg.deleted:
                     self.names[seg.name] = seg.segment_id
@@ -264,6 +361,8 @@ class MetadataUpdater:
             if op.segment_id not in (-1, seg.segment_id):
                 raise SegmentNotFound(f"segment {op.name!r} (id {op.segment_id}) was deleted")
             op.segment_id = seg.segment_id
+            if isinstance(op, ops.MergeSegment):
+                return self._merge(op, seg)
             outcome = self._validate(op, seg)
             if outcome.logged:
                 op.seq = self.next_seq()
@@ -271,6 +370,29 @@ class MetadataUpdater:
                 if isinstance(op, ops.Delete):
                     self._names[seg.name] = None
             return outcome
+
+    def _merge(self, op: ops.MergeSegment, target: SegmentMetadata) -> Outcome:
+        if op.source == target.name:
+            raise InvalidArgument(f"segment {target.name!r} cannot be merged into itself")
+        if target.sealed:
+            raise SegmentSealed(f"segment {target.name!r} is sealed", segment=target.info())
+        source = self._lookup(op.source)
+        if op.source_id not in (-1, source.segment_id):
+            raise SegmentNotFound(f"segment {op.source!r} (id {op.source_id}) was deleted")
+        if not source.sealed:
+            raise SegmentNotSealed(f"segment {source.name!r} must be sealed before it is merged")
+        if source.start_offset > 0:
+            raise InvalidArgument(f"segment {source.name!r} is truncated; only a whole segment can be merged")
+        op.source_id = source.segment_id
+        op.offset = target.length
+        op.length = source.length
+        op.timestamp = time.time()
+        if not op.record_as:
+            op.record_as, op.record_created = source.name, source.created
+        op.seq = self.next_seq()
+        merge_into(target, source, op)
+        self._names[source.name] = None
+        return Outcome(True)
 
     def _create(self, op: ops.CreateSegment) -> Outcome:
         try:

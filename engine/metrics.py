@@ -57,6 +57,11 @@ class EngineMetrics:
         self.tier2_flush_bytes = Counter(
             "segstore_tier2_flush_bytes", "Bytes written to Tier 2.", registry=registry
         )
+        self.tier2_merge_bytes = Counter(
+            "segstore_tier2_merge_bytes",
+            "Bytes merged into a target's Tier 2 layout by naming the source's chunks (none copied).",
+            registry=registry,
+        )
         self.tier2_chunks_created = Counter(
             "segstore_tier2_chunks_created",
             "Chunks created in Tier 2 (flushes and defrag).",

@@ -10,6 +10,9 @@
   Store Failover"). A segment name too long for a file name is replaced by
   its SHA-256. No name becomes a path unescaped.
 - Exported layouts are ``layouts/<escaped name>.json``.
+- Internal segments carry ``#`` (forbidden in user names) after their parent's
+  name: transactions ``<parent>#transaction.<id>``, merge staging
+  ``<target>#merge.<nonce>``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import functools
 import hashlib
 import re
 import secrets
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -52,9 +56,33 @@ def validate_segment_name(name: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def container_for(name: str, container_count: int) -> int:
-    """The container that owns ``name``: stable across processes and versions."""
-    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    """The container that owns ``name``: stable across processes and versions.
+
+    An internal segment hashes by its parent's name, so it lives beside it
+    (seed 000: a transaction is mapped into its parent's container).
+    """
+    digest = hashlib.blake2b(parent_of(name).encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % container_count
+
+
+def transaction_name(parent: str, txid: uuid.UUID) -> str:
+    """The segment of transaction ``txid`` of ``parent``; ``#`` keeps it out of user names."""
+    return f"{parent}#transaction.{txid}"
+
+
+def staging_name(target: str, nonce: uuid.UUID) -> str:
+    """A segment in ``target``'s container that a merge from another container copies into."""
+    return f"{target}#merge.{nonce}"
+
+
+def parent_of(name: str) -> str:
+    """The user segment an internal segment belongs to (a user name is its own parent)."""
+    return name.partition("#")[0]
+
+
+def is_internal(name: str) -> bool:
+    """True for transactions and merge staging segments (names no user can give)."""
+    return "#" in name
 
 
 def tier1_dir(data_dir: Path, container_id: int) -> Path:

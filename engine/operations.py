@@ -36,6 +36,7 @@ class OpType(IntEnum):
     ATTRIBUTES = 6
     CHECKPOINT = 7
     LAYOUT = 8
+    MERGE = 9
 
 
 @dataclass(slots=True, kw_only=True)
@@ -122,10 +123,33 @@ class UpdateLayout(SegmentOperation):
 
     ``chunks`` is the whole new layout as [name, start, length] lists;
     ``storage_length`` is how many of the segment's bytes Tier 2 now holds.
+    ``merged`` are the offsets of pending merges whose chunks the layout now
+    names (seed 002 "Concatenation": the Tier 2 half of a merge).
     """
 
     chunks: list[list[Any]] = field(default_factory=list)
     storage_length: int = 0
+    merged: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class MergeSegment(SegmentOperation):
+    """Append all of the sealed ``source`` to this segment at once (MergeSegmentOperation, seed 000).
+
+    One log operation, so recovery sees the whole merge or none of it. The
+    processor fills ``source_id``, ``offset`` (where the source's bytes start
+    in the target) and ``length``. ``record_as``/``record_created`` name the
+    segment the merge is remembered under for an idempotent retry (the source
+    itself, or the segment a cross-container merge copied from).
+    """
+
+    source: str = ""
+    source_id: int = -1
+    offset: int = -1
+    length: int = 0
+    timestamp: float = 0.0
+    record_as: str = ""
+    record_created: float = 0.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -144,6 +168,7 @@ _TYPES: dict[type[Operation], OpType] = {
     UpdateAttributes: OpType.ATTRIBUTES,
     MetadataCheckpoint: OpType.CHECKPOINT,
     UpdateLayout: OpType.LAYOUT,
+    MergeSegment: OpType.MERGE,
 }
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.CREATE: (
@@ -155,7 +180,21 @@ _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.DELETE: (Delete, ("name", "segment_id")),
     OpType.ATTRIBUTES: (UpdateAttributes, ("name", "segment_id", "attributes")),
     OpType.CHECKPOINT: (MetadataCheckpoint, ("snapshot",)),
-    OpType.LAYOUT: (UpdateLayout, ("name", "segment_id", "chunks", "storage_length")),
+    OpType.LAYOUT: (UpdateLayout, ("name", "segment_id", "chunks", "storage_length", "merged")),
+    OpType.MERGE: (
+        MergeSegment,
+        (
+            "name",
+            "segment_id",
+            "source",
+            "source_id",
+            "offset",
+            "length",
+            "timestamp",
+            "record_as",
+            "record_created",
+        ),
+    ),
 }
 
 

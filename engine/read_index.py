@@ -165,6 +165,29 @@ class ReadIndex:
                     index.tail = None
         return len(dropped)
 
+    def move(self, source_id: int, target_id: int, offset: int) -> None:
+        """A merge: the source's blocks become the target's from ``offset`` on, none copied.
+
+        The target's bytes end where the source's begin, so the source's
+        growable tail block, if it is the last block, stays growable.
+        """
+        with self._lock:
+            source = self._segments.pop(source_id, None)
+            if source is None:
+                return
+            target = self._index(target_id)
+            last = len(target.blocks) - 1
+            assert last < 0 or self._end(target, last) <= offset, (target_id, offset)
+            for start, length in source.blocks.items():
+                self.cache.rekey((source_id, start), (target_id, start + offset))
+                target.blocks[start + offset] = length
+            if source.blocks:
+                tail = source.blocks.keys()[-1]
+                target.tail = tail + offset if source.tail == tail else None
+            waiters, source.waiters = source.waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
+
     def drop_segment(self, segment_id: int) -> None:
         """Forget a deleted segment's blocks and wake its tails."""
         with self._lock:

@@ -9,11 +9,13 @@ that pins the container count (changing it would re-route every name).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 
@@ -23,12 +25,20 @@ from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.durable_log.file_log import FileDataLog
-from engine.errors import ContainerNotReady, InvalidArgument, StoreLocked
+from engine.errors import (
+    ContainerNotReady,
+    InvalidArgument,
+    SegmentNotFound,
+    SegmentNotSealed,
+    SegstoreError,
+    StoreLocked,
+    Throttled,
+)
 from engine.metrics import EngineMetrics
-from engine.naming import container_for, tier1_dir, validate_segment_name
+from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_segment_name
 from engine.tier2.chunk_storage import ChunkStorage
 from engine.tier2.local import LocalChunkStorage
-from engine.types import AppendResult, ReadResult, SegmentInfo
+from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +254,111 @@ class SegmentStore:
         page = names[:limit]
         more = len(names) > limit
         return page, (page[-1].name if more else None)
+
+    # ------------------------------------------------- transactions and merges
+    def open_transaction(self, parent: str) -> uuid.UUID:
+        """Open a transaction of ``parent``; returns its id. SegmentNotFound without the parent."""
+        return self._container(parent).open_transaction(parent)
+
+    def append_transaction(
+        self,
+        parent: str,
+        txid: uuid.UUID,
+        data: bytes,
+        *,
+        expected_offset: int | None = None,
+        writer_id: uuid.UUID | None = None,
+        event_number: int | None = None,
+        event_count: int = 1,
+    ) -> AppendResult:
+        """Append to a transaction, with the conditions and deduplication of ``append``."""
+        return self._container(parent).append(
+            transaction_name(parent, txid),
+            data,
+            expected_offset=expected_offset,
+            writer_id=writer_id,
+            event_number=event_number,
+            event_count=event_count,
+        )
+
+    def transaction_info(self, parent: str, txid: uuid.UUID) -> SegmentInfo:
+        """The state of an open (or sealed, not yet merged) transaction."""
+        return self._container(parent).info(transaction_name(parent, txid))
+
+    def commit_transaction(self, parent: str, txid: uuid.UUID) -> MergeResult:
+        """Seal the transaction and merge it at the end of ``parent``, all at once.
+
+        Idempotent: a retry answers with the first commit's offset and length
+        (while the parent remembers it: its last MERGE_RECORDS_MAX merges).
+        SegmentNotFound for an aborted, expired or unknown transaction.
+        """
+        return self._container(parent).commit_transaction(parent, txid)
+
+    def abort_transaction(self, parent: str, txid: uuid.UUID) -> None:
+        """Drop the transaction and its bytes (a delete)."""
+        self._container(parent).delete(transaction_name(parent, txid))
+
+    def merge(self, target: str, source: str) -> MergeResult:
+        """Append the whole of the sealed ``source`` to ``target`` at once; ``source`` goes away.
+
+        Within one container this is one log operation. Across containers the
+        source is first copied into a sealed staging segment beside the target,
+        which is then merged the same way; the source is deleted after. A retry
+        answers with the first merge's result.
+        """
+        into = self._container(target)
+        origin = self._container(source)
+        if into is origin:
+            return into.merge(target, source)
+        try:
+            info = origin.info(source)
+        except SegmentNotFound:
+            recorded = into.merge_record(target, source)
+            if recorded is None:
+                raise
+            return recorded
+        if not info.sealed:
+            raise SegmentNotSealed(f"segment {source!r} must be sealed before it is merged", segment=info)
+        if info.start_offset > 0:
+            raise InvalidArgument(f"segment {source!r} is truncated; only a whole segment can be merged")
+        recorded = into.merge_record(target, source, created=info.created)
+        if recorded is None:  # else merged before a crash or a lost answer; only the delete is left
+            staging = staging_name(target, uuid.uuid4())
+            into.create(staging, rollover_bytes=None)
+            try:
+                self._copy(origin, source, into, staging, info.length)
+                into.seal(staging)
+                recorded = into.merge(target, staging, record_as=source, record_created=info.created)
+            except BaseException:
+                with contextlib.suppress(SegstoreError):
+                    into.delete(staging)
+                raise
+        with contextlib.suppress(SegmentNotFound):
+            origin.delete(source)
+        return recorded
+
+    def _copy(
+        self, origin: SegmentContainer, source: str, into: SegmentContainer, staging: str, length: int
+    ) -> None:
+        """Copy ``source``'s bytes into ``staging``, an append at a time, waiting out back-pressure."""
+        step = min(self.settings.max_append_bytes, self.settings.max_read_bytes)
+        offset = 0
+        while offset < length:
+            data = origin.read(source, offset, min(step, length - offset), wait_s=0).data
+            while True:
+                try:
+                    into.append(
+                        staging,
+                        data,
+                        expected_offset=offset,
+                        writer_id=None,
+                        event_number=None,
+                        event_count=1,
+                    )
+                    break
+                except Throttled as exc:
+                    time.sleep(exc.retry_after_s)
+            offset += len(data)
 
     def export_layout(self, name: str, *, timeout_s: float = 30.0) -> str:
         """Back up a segment's Tier 2 layout into a small object (seed 002 "Backup and Restore").

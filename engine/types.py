@@ -54,3 +54,16 @@ class ReadResult:
     @property
     def data(self) -> bytes:
         return b"".join(self.pieces)
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """Where a merge (or a transaction's commit) put the source's bytes in the target.
+
+    ``offset`` is where they start, ``length`` how many; ``info`` the target's
+    state after the merge (at the first try, for an answer to a retry).
+    """
+
+    offset: int
+    length: int
+    info: SegmentInfo

@@ -13,6 +13,12 @@ naming them (truncation, defrag, delete). Tier 2 errors are retried with
 exponential backoff; the bytes stay in Tier 1 and the cache meanwhile. After
 each round Tier 1 is truncated below the lowest sequence number not yet in
 Tier 2.
+
+A merge hands the source's aggregator to the target (its unflushed bytes are
+the target's now, and its oldest sequence number keeps Tier 1 from being
+truncated past them). Flushing the target, the writer stops at each pending
+merge and joins the source's chunks to the layout without copying a byte
+(seed 002 "Concatenation"), then goes on with the bytes after it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from engine import operations as ops
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import SegmentNotFound, SegstoreError
-from engine.metadata import ContainerMetadata
+from engine.metadata import ContainerMetadata, PendingMerge
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkStorageError
@@ -82,8 +88,11 @@ class StorageWriter:
     def start(self) -> None:
         with self.metadata.lock:
             deleted = [s.segment_id for s in self.metadata.segments.values() if s.deleted]
+            merging = {s.segment_id: s.length for s in self.metadata.segments.values() if s.pending}
         for segment_id in deleted:  # deleted before the checkpoint we recovered from
             self._aggregators[segment_id] = _Aggregator(0, 0.0, delete=True)
+        for segment_id, length in merging.items():  # merges that must still reach Tier 2
+            self._aggregators.setdefault(segment_id, _Aggregator(0, 0.0, end=length))
         self._thread = threading.Thread(target=self._run, name=f"writer-{self.container_id}", daemon=True)
         self._thread.start()
 
@@ -131,12 +140,17 @@ class StorageWriter:
             self._after_round()
 
     def _accept(self, op: ops.Operation) -> None:
-        if not isinstance(op, ops.Append | ops.Seal | ops.Truncate | ops.Delete):
+        if not isinstance(op, ops.Append | ops.Seal | ops.Truncate | ops.Delete | ops.MergeSegment):
             return
         agg = self._aggregators.get(op.segment_id)
         if agg is None:
             agg = self._aggregators[op.segment_id] = _Aggregator(op.seq, time.monotonic())
         if isinstance(op, ops.Append):
+            agg.end = max(agg.end, op.offset + op.length)
+        elif isinstance(op, ops.MergeSegment):
+            source = self._aggregators.pop(op.source_id, None)
+            if source is not None:
+                agg.first_seq = min(agg.first_seq, source.first_seq)
             agg.end = max(agg.end, op.offset + op.length)
         elif isinstance(op, ops.Seal):
             agg.seal = True
@@ -169,11 +183,14 @@ class StorageWriter:
 
     def _flush(self, segment_id: int, agg: _Aggregator) -> None:
         with self.metadata.lock:
-            seg = self.metadata.segments[segment_id]
+            seg = self.metadata.segments.get(segment_id)
+            if seg is None:
+                return  # merged into another segment: its aggregator went with it
             name, chunks, flushed = seg.name, list(seg.chunks), seg.storage_length
+            pending = list(seg.pending)
             rollover = seg.rollover_bytes or self.settings.rollover_bytes
         if agg.delete:
-            self._delete_chunks(c.name for c in chunks)
+            self._delete_chunks(c.name for c in [*chunks, *(c for m in pending for c in m.chunks)])
             self.read_index.drop_segment(segment_id)
             self.metadata.forget(segment_id)
             return
@@ -186,25 +203,41 @@ class StorageWriter:
             step = max(step, self.settings.defrag_small_bytes)
         commit_bytes = max(step, _LAYOUT_COMMIT_BYTES)
         layout, written = chunks, flushed
+        pending = [m for m in pending if m.offset < agg.end]
+        merged: list[PendingMerge] = []
         while written < agg.end:
-            data = self.read_index.read(segment_id, written, min(agg.end - written, step))
-            assert data, f"segment {segment_id}: unflushed bytes at {written} are not cached"
-            layout = self.chunked.write(name, segment_id, layout, written, data, rollover)
-            written += len(data)
-            self.metrics.tier2_flush_bytes.inc(len(data))
-            if written - flushed >= commit_bytes or written >= agg.end:
-                if not self._commit_layout(name, segment_id, chunks, layout, written):
+            if pending and pending[0].offset == written:
+                merge = pending.pop(0)
+                layout = [*layout, *merge.chunks]
+                written = merge.end
+                merged.append(merge)
+            else:
+                stop = pending[0].offset if pending else agg.end
+                data = self.read_index.read(segment_id, written, min(stop - written, step))
+                if not data:
+                    with self.metadata.lock:
+                        gone = segment_id not in self.metadata.segments
+                    assert gone, f"segment {segment_id}: unflushed bytes at {written} are not cached"
+                    # Merged meanwhile: its bytes were moved to the target, which flushes them.
+                    self._delete_chunks(c.name for c in layout if c.name not in {c.name for c in chunks})
                     return
-                known = {c.name for c in chunks}
+                layout = self.chunked.write(name, segment_id, layout, written, data, rollover)
+                written += len(data)
+                self.metrics.tier2_flush_bytes.inc(len(data))
+            if written - flushed >= commit_bytes or written >= agg.end:
+                if not self._commit_layout(name, segment_id, chunks, layout, written, merged):
+                    return
+                known = {c.name for c in chunks} | {c.name for m in merged for c in m.chunks}
                 self.metrics.tier2_chunks_created.inc(sum(c.name not in known for c in layout))
-                chunks, flushed = layout, written
-        if agg.truncate:
-            with self.metadata.lock:
-                start_offset = self.metadata.segments[segment_id].start_offset
-            kept, removed = self.chunked.truncate(chunks, start_offset)
-            if removed and self._commit_layout(name, segment_id, chunks, kept, flushed):
-                self._delete_chunks(removed)
-                chunks = kept
+                self.metrics.tier2_merge_bytes.inc(sum(m.end - m.offset for m in merged))
+                chunks, flushed, merged = layout, written, []
+        with self.metadata.lock:
+            seg = self.metadata.segments.get(segment_id)
+            start_offset = seg.start_offset if seg is not None else 0
+        kept, removed = self.chunked.truncate(chunks, start_offset)
+        if removed and self._commit_layout(name, segment_id, chunks, kept, flushed, []):
+            self._delete_chunks(removed)
+            chunks = kept
         if len(chunks) > self.settings.defrag_min_chunks:
             self._defrag(name, segment_id, chunks, flushed, rollover)
         if agg.seal:
@@ -223,7 +256,7 @@ class StorageWriter:
         )
         if joined is not None:
             layout, replaced = joined
-            if self._commit_layout(name, segment_id, chunks, layout, flushed):
+            if self._commit_layout(name, segment_id, chunks, layout, flushed, []):
                 self.metrics.tier2_chunks_created.inc()
                 self._delete_chunks(replaced)
 
@@ -233,16 +266,29 @@ class StorageWriter:
         self.metrics.tier2_chunks_deleted.inc(len(names))
 
     def _commit_layout(
-        self, name: str, segment_id: int, old: list[ChunkRef], new: list[ChunkRef], storage_length: int
+        self,
+        name: str,
+        segment_id: int,
+        old: list[ChunkRef],
+        new: list[ChunkRef],
+        storage_length: int,
+        merged: list[PendingMerge],
     ) -> bool:
-        """Make a new layout durable; False (and its new chunks deleted) if the segment is gone."""
+        """Make a new layout durable; False (and the chunks it wrote deleted) if the segment is gone.
+
+        ``merged``: the pending merges whose chunks ``new`` takes over.
+        """
         op = ops.UpdateLayout(
-            name=name, segment_id=segment_id, chunks=[list(c) for c in new], storage_length=storage_length
+            name=name,
+            segment_id=segment_id,
+            chunks=[list(c) for c in new],
+            storage_length=storage_length,
+            merged=[m.offset for m in merged],
         )
         try:
             self.durable_log.add(op).result()
         except SegmentNotFound:
-            known = {c.name for c in old}
+            known = {c.name for c in old} | {c.name for m in merged for c in m.chunks}
             self._delete_chunks(c.name for c in new if c.name not in known)
             return False
         return True

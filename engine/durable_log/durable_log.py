@@ -248,6 +248,8 @@ class DurableLog:
                 op.data = None
                 appends += 1
                 appended_bytes += op.length
+            elif isinstance(op, ops.MergeSegment):
+                self.read_index.move(op.source_id, op.segment_id, op.offset)
             if isinstance(op, ops.SegmentOperation):
                 grown.add(op.segment_id)
         if appends:
@@ -285,9 +287,14 @@ class DurableLog:
         with self.metadata.lock:
             segments = [s for s in self.metadata.segments.values() if not s.deleted]
         for seg in segments:
-            end = self.read_index.cached_end(seg.segment_id, seg.storage_length)
-            if seg.storage_length < seg.length and end < seg.length:
-                raise DataCorrupted(
-                    f"segment {seg.name!r}: bytes {end}..{seg.length} are neither in Tier 2 "
-                    f"(length {seg.storage_length}) nor in Tier 1"
-                )
+            end = seg.storage_length
+            for merge in [*seg.pending, None]:
+                stop = seg.length if merge is None else merge.offset
+                end = self.read_index.cached_end(seg.segment_id, end)
+                if end < stop:
+                    raise DataCorrupted(
+                        f"segment {seg.name!r}: bytes {end}..{stop} are neither in Tier 2 "
+                        f"(length {seg.storage_length}) nor in Tier 1"
+                    )
+                if merge is not None:
+                    end = max(end, merge.end)

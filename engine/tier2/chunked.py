@@ -73,6 +73,22 @@ def layout_from_json(raw: Iterable[Sequence[object]]) -> Layout:
     return [ChunkRef(str(n), int(s), int(length)) for n, s, length in raw]  # type: ignore[call-overload]
 
 
+def contiguous_run(chunks: Sequence[ChunkRef], offset: int) -> tuple[int, int] | None:
+    """[start, end) of the run of back-to-back chunks that holds ``offset``, or None.
+
+    ``chunks`` are in order and may have gaps (a layout, then pending merges).
+    """
+    index = bisect.bisect_right([c.start for c in chunks], offset) - 1
+    if index < 0 or chunks[index].end <= offset:
+        return None
+    first = last = index
+    while first > 0 and chunks[first - 1].end == chunks[first].start:
+        first -= 1
+    while last + 1 < len(chunks) and chunks[last].end == chunks[last + 1].start:
+        last += 1
+    return chunks[first].start, chunks[last].end
+
+
 def concat_layouts(target: Sequence[ChunkRef], target_length: int, source: Sequence[ChunkRef]) -> Layout:
     """The target's layout with the source's chunks appended at ``target_length``.
 

@@ -73,7 +73,15 @@ STEPS: list[tuple[str, Callable[[SegmentStore], object]]] = [
     ("delete", lambda s: s.delete("d")),
     ("recreate", lambda s: (s.create("d"), s.append("d", b"second life"))),
     ("more", lambda s: s.append("a", os.urandom(5000))),
+    ("transaction", lambda s: _commit(s, "a", os.urandom(3000))),
+    ("merge", lambda s: (s.create("m"), s.append("m", os.urandom(2000)), s.seal("m"), s.merge("d", "m"))),
 ]
+
+
+def _commit(store: SegmentStore, parent: str, data: bytes) -> None:
+    txid = store.open_transaction(parent)
+    store.append_transaction(parent, txid, data, writer_id=W2, event_number=1)
+    store.commit_transaction(parent, txid)
 
 
 @pytest.mark.parametrize("mode", MODES)
