@@ -30,6 +30,7 @@ from engine.errors import (
     InvalidArgument,
     SegmentNotFound,
     SegmentNotSealed,
+    SegmentSealed,
     SegstoreError,
     StoreLocked,
     Throttled,
@@ -322,6 +323,8 @@ class SegmentStore:
         if info.start_offset > 0:
             raise InvalidArgument(f"segment {source!r} is truncated; only a whole segment can be merged")
         recorded = into.merge_record(target, source, created=info.created)
+        if recorded is None and into.info(target).sealed:
+            raise SegmentSealed(f"segment {target!r} is sealed", segment=into.info(target))
         if recorded is None:  # else merged before a crash or a lost answer; only the delete is left
             staging = staging_name(target, uuid.uuid4())
             into.create(staging, rollover_bytes=None)

@@ -379,3 +379,22 @@ def test_a_merge_across_containers_copies_then_merges_at_once(file_store: Segmen
         store.info(source)
     assert store.merge(target, source).offset == 1
     assert [i.name for i in store.list()[0]] == [target]
+
+
+def test_a_merge_across_containers_into_a_missing_or_sealed_target_copies_nothing(
+    file_store: SegmentStore,
+) -> None:
+    store = file_store
+    source = next(f"s{i}" for i in range(100) if container_for(f"s{i}", 4) != container_for("t", 4))
+    store.create(source)
+    store.append(source, b"kept")
+    store.seal(source)
+    with pytest.raises(SegmentNotFound):
+        store.merge("t", source)
+    store.create("t")
+    store.seal("t")
+    with pytest.raises(SegmentSealed):
+        store.merge("t", source)
+    assert whole(store, source) == b"kept"
+    container = store._containers[container_for("t", 4)]
+    assert list(container.metadata.names) == ["t"]  # no staging segment left behind
