@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "MethodNotAllowed": (405, "Method not allowed"),
     "SegmentExists": (409, "Segment exists"),
     "SegmentSealed": (409, "Segment sealed"),
+    "SegmentNotSealed": (409, "Segment not sealed"),
     "SegmentTruncated": (410, "Segment truncated"),
     "ConditionalCheckFailed": (412, "Conditional check failed"),
     "PayloadTooLarge": (413, "Payload too large"),

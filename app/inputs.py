@@ -249,3 +249,13 @@ def json_int(body: dict[str, Any], key: str, *, minimum: int) -> int | None:
     if value < minimum or value > INT64_MAX:
         raise InvalidArgument(f"{key} must be between {minimum} and {INT64_MAX}, got {value}")
     return value
+
+
+def json_str(body: dict[str, Any], key: str) -> str | None:
+    """A string member of a JSON body, or None when absent."""
+    if key not in body:
+        return None
+    value = body[key]
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{key} must be a string, got {json.dumps(value)[:60]}")
+    return value

@@ -1,4 +1,5 @@
-"""Everything under ``/v1/segments``: create, append, read, state, seal, truncate, delete, list.
+"""Everything under ``/v1/segments``: create, append, read, state, seal, truncate, delete, list,
+transactions and merges.
 
 The segment name is the path after ``/v1/segments/`` (WSGI hands it over
 with ``%2F`` already decoded to ``/``). A custom method follows the name after
@@ -10,10 +11,14 @@ no storage logic lives here.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -23,10 +28,13 @@ from app import inputs, ops
 from app.errors import segment_headers
 from app.sse import event_stream_response, wants_event_stream
 from engine import (
+    AppendResult,
     InvalidArgument,
     InvalidName,
+    MergeResult,
     ReadResult,
     SegmentInfo,
+    SegmentNotFound,
     SegmentStore,
     validate_segment_name,
 )
@@ -91,16 +99,19 @@ def create(name: str) -> Response:
     return _info_response(store().create(name, rollover_bytes=rollover_bytes), 201)
 
 
-def append(name: str) -> Response:
-    """POST: append the body bytes, plain, conditional on the length, or deduplicated."""
+def _append_with(append_to: Callable[..., AppendResult]) -> Response:
+    """Read an append's headers and body, hand them to ``append_to`` and render its answer.
+
+    ``append_to(data, expected_offset=, writer_id=, event_number=, event_count=)``
+    is ``SegmentStore.append`` or ``append_transaction`` with the segment bound.
+    """
     conditions = inputs.append_conditions(request)
     data = inputs.read_body(
         request.stream, request.content_length, store().settings.max_append_bytes, "append body"
     )
     if not data:
         raise InvalidArgument("an append needs a body of at least one byte; this one is empty")
-    result = store().append(
-        name,
+    result = append_to(
         data,
         expected_offset=conditions.expected_offset,
         writer_id=conditions.writer_id,
@@ -120,6 +131,11 @@ def append(name: str) -> Response:
         body = {"offset": result.offset, "length": result.info.length}
     # The hot path: a direct Response is measurably cheaper than jsonify().
     return Response(json.dumps(body, separators=(",", ":")), headers=headers, mimetype="application/json")
+
+
+def append(name: str) -> Response:
+    """POST: append the body bytes, plain, conditional on the length, or deduplicated."""
+    return _append_with(functools.partial(store().append, name))
 
 
 def _etag(result: ReadResult) -> str:
@@ -206,6 +222,87 @@ def writer(name: str, writer_id_text: str) -> Response:
     return response
 
 
+def _merged_response(result: MergeResult) -> Response:
+    """A commit's or merge's answer: where the bytes start and the target's length right after.
+
+    As for an append, the bytes occupy [offset, length); the headers carry the
+    target's current state.
+    """
+    response = jsonify({"offset": result.offset, "length": result.offset + result.length})
+    response.headers.update(segment_headers(result.info))
+    return response
+
+
+def _txid(text: str) -> uuid.UUID:
+    """The transaction id of a path; 400 unless it is a UUID."""
+    return inputs.parse_uuid(text, "transaction id", InvalidArgument)
+
+
+@contextmanager
+def _transaction_found(name: str, txid: uuid.UUID) -> Iterator[None]:
+    """The engine names a missing transaction by its internal segment; say it in the API's terms."""
+    try:
+        yield
+    except SegmentNotFound:
+        raise SegmentNotFound(
+            f"transaction {txid} of segment {name!r} does not exist "
+            "(never opened, committed, aborted or expired)"
+        ) from None
+
+
+def open_transaction(name: str) -> Response:
+    """POST ``:transactions``: open a transaction of the segment; 201 ``{"id": txid}``."""
+    txid = store().open_transaction(name)
+    response = jsonify({"id": str(txid)})
+    response.status_code = 201
+    response.headers.update(segment_headers(store().info(name)))
+    response.headers["Location"] = f"{request.script_root}/v1/segments/{quote(name)}:transactions/{txid}"
+    return response
+
+
+def append_transaction(name: str, txid_text: str) -> Response:
+    """POST ``:transactions/{txid}``: an append to the transaction, with an append's headers and answers."""
+    txid = _txid(txid_text)
+    with _transaction_found(name, txid):
+        return _append_with(functools.partial(store().append_transaction, name, txid))
+
+
+def transaction_info(name: str, txid_text: str) -> Response:
+    """GET ``:transactions/{txid}``: the transaction's info, its id and its parent."""
+    txid = _txid(txid_text)
+    with _transaction_found(name, txid):
+        info = store().transaction_info(name, txid)
+    response = jsonify({"id": str(txid), "parent": name, **info_json(info)})
+    response.headers.update(segment_headers(info))
+    return response
+
+
+def abort_transaction(name: str, txid_text: str) -> Response:
+    """DELETE ``:transactions/{txid}``: drop the transaction and its bytes."""
+    txid = _txid(txid_text)
+    with _transaction_found(name, txid):
+        store().abort_transaction(name, txid)
+    return Response(status=204)
+
+
+def commit_transaction(name: str, txid_text: str) -> Response:
+    """POST ``:transactions/{txid}/commit``: seal it and merge it at the end of the segment (idempotent)."""
+    return _merged_response(store().commit_transaction(name, _txid(txid_text)))
+
+
+def merge(name: str) -> Response:
+    """POST ``:merge`` with ``{"source": name}``: append the whole sealed source at once; it goes away."""
+    body = inputs.json_object_body(request, {"source"}, required=True)
+    source = inputs.json_str(body, "source")
+    if source is None:
+        raise InvalidArgument('the body needs "source": the name of the sealed segment to merge')
+    try:
+        validate_segment_name(source)
+    except InvalidName as err:
+        raise InvalidName(f"source: {err.detail}") from None
+    return _merged_response(store().merge(name, source))
+
+
 # ------------------------------------------------------------------- routing
 Handler = Callable[..., Response]
 
@@ -216,12 +313,19 @@ _PLAIN: dict[str, Handler] = {
     "HEAD": head,
     "DELETE": delete,
 }
-# custom method -> (takes a "/{arg}" after it, {HTTP method: handler})
-_CUSTOM: dict[str, tuple[bool, dict[str, Handler]]] = {
-    "info": (False, {"GET": info}),
-    "seal": (False, {"POST": seal}),
-    "truncate": (False, {"POST": truncate}),
-    "writers": (True, {"GET": writer}),
+# custom method -> {form of what follows it: {HTTP method: handler}}. In a form,
+# "{id}" stands for one path part, handed to the handler after the segment name.
+_CUSTOM: dict[str, dict[str, dict[str, Handler]]] = {
+    "info": {"": {"GET": info}},
+    "seal": {"": {"POST": seal}},
+    "truncate": {"": {"POST": truncate}},
+    "writers": {"/{id}": {"GET": writer}},
+    "transactions": {
+        "": {"POST": open_transaction},
+        "/{id}": {"POST": append_transaction, "GET": transaction_info, "DELETE": abort_transaction},
+        "/{id}/commit": {"POST": commit_transaction},
+    },
+    "merge": {"": {"POST": merge}},
 }
 
 
@@ -232,6 +336,31 @@ def _path_is_utf8() -> None:
         raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
         raise InvalidName("segment name is not valid UTF-8") from None
+
+
+def _match(form: str, rest: str) -> list[str] | None:
+    """The ``{id}`` parts of ``rest`` (the path after the custom method) if it has ``form``, else None."""
+    wanted, given = form.split("/"), rest.split("/")
+    if len(wanted) != len(given):
+        return None
+    args = []
+    for want, part in zip(wanted, given, strict=True):
+        if want == "{id}":
+            args.append(part)
+        elif want != part:
+            return None
+    return args
+
+
+def _custom_route(verb: str, rest: str) -> tuple[str, dict[str, Handler], list[str]]:
+    """The form, handlers and ``{id}`` values that ``:{verb}{rest}`` names; 404 when it names none."""
+    forms = _CUSTOM[verb]
+    for form, handlers in forms.items():
+        args = _match(form, rest)
+        if args is not None:
+            return form, handlers, args
+    written = " or ".join(f":{verb}{form}" for form in forms)
+    raise NotFound(f"the custom method is written {written}")
 
 
 def _allowed(handlers: dict[str, Handler]) -> list[str]:
@@ -247,25 +376,22 @@ def _allowed(handlers: dict[str, Handler]) -> list[str]:
     merge_slashes=False,
 )
 def segment(target: str) -> Response:
-    """Dispatch ``{name}`` or ``{name}:{method}[/{arg}]`` to its handler."""
+    """Dispatch ``{name}`` or ``{name}:{method}[/{id}[/...]]`` to its handler."""
     ops.set_route(_ROUTE)
     _path_is_utf8()
     name, colon, custom = target.partition(":")
     validate_segment_name(name)
     if not colon:
         return _PLAIN[request.method](name)
-    verb, slash, arg = custom.partition("/")
+    verb = custom.partition("/")[0]
     if verb not in _CUSTOM:
         raise NotFound(f"unknown custom method :{verb}; known: {', '.join(sorted(_CUSTOM))}")
-    takes_arg, handlers = _CUSTOM[verb]
-    if takes_arg != bool(slash):
-        form = f":{verb}/{{id}}" if takes_arg else f":{verb}"
-        raise NotFound(f"the custom method is written {form}")
-    ops.set_route(f"{_ROUTE}:{verb}" + ("/{id}" if takes_arg else ""))
+    form, handlers, args = _custom_route(verb, custom[len(verb) :])
+    ops.set_route(f"{_ROUTE}:{verb}{form}")
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method
     if method not in handlers:
         raise MethodNotAllowed(valid_methods=_allowed(handlers))
-    return handlers[method](name, arg) if takes_arg else handlers[method](name)
+    return handlers[method](name, *args)
 
 
 @bp.get("/v1/segments")

@@ -325,7 +325,9 @@ class SegmentContainer:
 
     def commit_transaction(self, parent: str, txid: uuid.UUID) -> MergeResult:
         """Seal, then merge into the parent: both queued at once, so one Tier 1 write carries them."""
-        self._check_ready()
+        info = self.info(parent)
+        if info.sealed:  # refused before the transaction is sealed, so it stays open
+            raise SegmentSealed(f"segment {parent!r} is sealed", segment=info)
         name = naming.transaction_name(parent, txid)
         sealed = self.durable_log.add(ops.Seal(name=name))
         op = ops.MergeSegment(name=parent, source=name)

@@ -167,7 +167,8 @@ class StorageWriter:
                 seg = self.metadata.segments.get(segment_id)
                 storage_length = seg.storage_length if seg else 0
             if seg is None:
-                del self._aggregators[segment_id]
+                # Merged into another segment: the merge, once read, hands this aggregator
+                # (and its oldest sequence number, which holds Tier 1) to the target.
                 continue
             due = (
                 self._force
@@ -177,15 +178,20 @@ class StorageWriter:
                 or agg.end - storage_length >= self.settings.flush_threshold_bytes
                 or now - agg.first_time >= age_s
             )
-            if due:
-                self._flush(segment_id, agg)
+            if due and self._flush(segment_id, agg):
                 del self._aggregators[segment_id]
 
-    def _flush(self, segment_id: int, agg: _Aggregator) -> None:
+    def _flush(self, segment_id: int, agg: _Aggregator) -> bool:
+        """Apply the aggregator to Tier 2; False if the segment went meanwhile (keep the aggregator).
+
+        A segment merged into another keeps its aggregator until the merge
+        operation hands it over; one deleted gets the delete flag when its
+        delete is read.
+        """
         with self.metadata.lock:
             seg = self.metadata.segments.get(segment_id)
             if seg is None:
-                return  # merged into another segment: its aggregator went with it
+                return False
             name, chunks, flushed = seg.name, list(seg.chunks), seg.storage_length
             pending = list(seg.pending)
             rollover = seg.rollover_bytes or self.settings.rollover_bytes
@@ -193,7 +199,7 @@ class StorageWriter:
             self._delete_chunks(c.name for c in [*chunks, *(c for m in pending for c in m.chunks)])
             self.read_index.drop_segment(segment_id)
             self.metadata.forget(segment_id)
-            return
+            return True
         # Bytes are copied out of the cache a step at a time (bounded memory); the
         # layout is committed through Tier 1 once per commit_bytes, not per step,
         # so a large backlog is not paced by one Tier 1 round trip per step.
@@ -220,13 +226,13 @@ class StorageWriter:
                     assert gone, f"segment {segment_id}: unflushed bytes at {written} are not cached"
                     # Merged meanwhile: its bytes were moved to the target, which flushes them.
                     self._delete_chunks(c.name for c in layout if c.name not in {c.name for c in chunks})
-                    return
+                    return False
                 layout = self.chunked.write(name, segment_id, layout, written, data, rollover)
                 written += len(data)
                 self.metrics.tier2_flush_bytes.inc(len(data))
             if written - flushed >= commit_bytes or written >= agg.end:
                 if not self._commit_layout(name, segment_id, chunks, layout, written, merged):
-                    return
+                    return False
                 known = {c.name for c in chunks} | {c.name for m in merged for c in m.chunks}
                 self.metrics.tier2_chunks_created.inc(sum(c.name not in known for c in layout))
                 self.metrics.tier2_merge_bytes.inc(sum(m.end - m.offset for m in merged))
@@ -242,6 +248,7 @@ class StorageWriter:
             self._defrag(name, segment_id, chunks, flushed, rollover)
         if agg.seal:
             self.metadata.mark_sealed_in_storage(segment_id)
+        return True
 
     def _defrag(
         self, name: str, segment_id: int, chunks: list[ChunkRef], flushed: int, rollover: int

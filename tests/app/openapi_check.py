@@ -238,9 +238,10 @@ class Route:
 def registered_routes(app: Flask) -> list[Route]:
     """The app's url rules (static files aside) and the custom methods of its segment rule.
 
-    The custom methods (``:seal``, ``:writers/{id}``) are dispatched inside
-    one catch-all rule, so they come from the app's dispatch table. Each
-    route has an example path with sample values for its variables.
+    The custom methods (``:seal``, ``:writers/{id}``, ``:transactions/{id}/commit``)
+    are dispatched inside one catch-all rule, so they come from the app's
+    dispatch table. Each route has an example path with sample values for its
+    variables.
     """
     routes = []
     for rule in app.url_map.iter_rules():
@@ -250,10 +251,11 @@ def registered_routes(app: Flask) -> list[Route]:
         example = _example_path(rule)
         routes.append(Route(rule.rule, methods, example))
         if rule.endpoint == _SEGMENT_ENDPOINT:
-            for verb, (takes_arg, handlers) in sorted(segment_routes._CUSTOM.items()):
-                written = f":{verb}/{{id}}" if takes_arg else f":{verb}"
-                sample = f":{verb}/{_SAMPLE_ID}" if takes_arg else f":{verb}"
-                routes.append(Route(rule.rule + written, frozenset(handlers), example + sample))
+            for verb, forms in sorted(segment_routes._CUSTOM.items()):
+                for form, handlers in forms.items():
+                    written = f":{verb}{form}"
+                    sample = written.replace("{id}", _SAMPLE_ID)
+                    routes.append(Route(rule.rule + written, frozenset(handlers), example + sample))
     return routes
 
 

@@ -60,17 +60,28 @@ def test_every_concrete_path_maps_to_one_documented_path() -> None:
         "/v1/segments/a/b:info": "/v1/segments/{name}:info",
         "/v1/segments/a/b:truncate": "/v1/segments/{name}:truncate",
         f"/v1/segments/a/b:writers/{WRITER}": "/v1/segments/{name}:writers/{writer_id}",
+        "/v1/segments/a/b:transactions": "/v1/segments/{name}:transactions",
+        f"/v1/segments/a/b:transactions/{WRITER}": "/v1/segments/{name}:transactions/{txid}",
+        f"/v1/segments/a/b:transactions/{WRITER}/commit": "/v1/segments/{name}:transactions/{txid}/commit",
+        "/v1/segments/a/b:merge": "/v1/segments/{name}:merge",
         "/healthz": "/healthz",
     }
     for path, template in cases.items():
         assert spec_path_for(path) == template, path
-    for unknown in ["/v1/segments/a:bogus", "/v1/segments/a:writers", "/v1", "/v1/segments/"]:
+    unknown_paths = [
+        "/v1/segments/a:bogus",
+        "/v1/segments/a:writers",
+        f"/v1/segments/a:transactions/{WRITER}/abort",
+        "/v1",
+        "/v1/segments/",
+    ]
+    for unknown in unknown_paths:
         assert spec_path_for(unknown) is None, unknown
 
 
 # ------------------------------------------------------- routes against the app
 def _example(template: str) -> str:
-    return template.format(name=NAME, writer_id=WRITER)
+    return template.format(name=NAME, writer_id=WRITER, txid=WRITER)
 
 
 def test_every_documented_operation_is_served(api: FlaskClient) -> None:

@@ -62,6 +62,12 @@ def sdk_modules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 "api.data.append_segment",
                 "api.data.read_segment",
                 "api.data.get_writer_event_number",
+                "api.transactions.open_transaction",
+                "api.transactions.append_transaction",
+                "api.transactions.get_transaction",
+                "api.transactions.commit_transaction",
+                "api.transactions.abort_transaction",
+                "api.transactions.merge_segment",
             ]
         }
     finally:
@@ -120,3 +126,48 @@ def test_generated_sdk_creates_appends_reads_and_seals(
         refused = append(2, b"late")
         assert isinstance(refused, models.Problem)
         assert (refused.status, refused.code) == (409, models.ProblemCode.SEGMENTSEALED)
+
+
+@pytest.mark.slow
+def test_generated_sdk_commits_aborts_and_merges(
+    sdk_modules: dict[str, ModuleType], server: ServerProcess
+) -> None:
+    sdk = sdk_modules
+    models = sdk["models"]
+    with sdk["client"].Client(base_url=server.url, raise_on_unexpected_status=True) as client:
+        sdk["create_segment"].sync(NAME, client=client)
+
+        def open_with(data: bytes) -> uuid.UUID:
+            opened = sdk["open_transaction"].sync_detailed(NAME, client=client)
+            assert opened.status_code == 201
+            txid = opened.parsed.id
+            body = sdk["types"].File(payload=BytesIO(data))
+            appended = sdk["append_transaction"].sync(NAME, txid, client=client, body=body)
+            assert isinstance(appended, models.Appended)
+            return txid
+
+        kept, dropped = open_with(b"kept"), open_with(b"dropped")
+        info = sdk["get_transaction"].sync(NAME, kept, client=client)
+        assert isinstance(info, models.TransactionInfo)
+        assert (info.id, info.parent, info.length) == (kept, NAME, 4)
+        assert sdk["abort_transaction"].sync_detailed(NAME, dropped, client=client).status_code == 204
+        committed = sdk["commit_transaction"].sync(NAME, kept, client=client)
+        assert isinstance(committed, models.Merged)
+        assert (committed.offset, committed.length) == (0, 4)
+        gone = sdk["commit_transaction"].sync(NAME, dropped, client=client)
+        assert isinstance(gone, models.Problem)
+        assert (gone.status, gone.code) == (404, models.ProblemCode.SEGMENTNOTFOUND)
+
+        source = "scope/stream/1"
+        sdk["create_segment"].sync(source, client=client)
+        sdk["append_segment"].sync(source, client=client, body=sdk["types"].File(payload=BytesIO(b"more")))
+        request = models.MergeRequest(source=source)
+        unsealed = sdk["merge_segment"].sync(NAME, client=client, body=request)
+        assert isinstance(unsealed, models.Problem)
+        assert unsealed.code == models.ProblemCode.SEGMENTNOTSEALED
+        sdk["seal_segment"].sync(source, client=client)
+        merged = sdk["merge_segment"].sync(NAME, client=client, body=request)
+        assert isinstance(merged, models.Merged)
+        assert (merged.offset, merged.length) == (4, 8)
+        read = sdk["read_segment"].sync(NAME, client=client)
+        assert read.payload.read() == b"keptmore"

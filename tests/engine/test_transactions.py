@@ -137,6 +137,7 @@ def test_a_sealed_parent_takes_no_transaction(store: SegmentStore) -> None:
         store.open_transaction("p")
     with pytest.raises(SegmentSealed):
         store.commit_transaction("p", txid)
+    assert not store.transaction_info("p", txid).sealed  # still open: it may be aborted, or appended to
 
 
 def test_merge_takes_only_a_whole_sealed_other_segment(store: SegmentStore) -> None:
@@ -398,3 +399,24 @@ def test_a_merge_across_containers_into_a_missing_or_sealed_target_copies_nothin
     assert whole(store, source) == b"kept"
     container = store._containers[container_for("t", 4)]
     assert list(container.metadata.names) == ["t"]  # no staging segment left behind
+
+
+def test_a_source_merged_while_the_writer_flushes_it_keeps_its_bytes_in_tier1(
+    make_node: Callable[..., Node],
+) -> None:
+    """The source's flush loses the race with the merge; Tier 1 must keep its bytes for the target."""
+    node = make_node(checkpoint_every_bytes=1, flush_threshold_ms=60_000, flush_threshold_bytes=1 << 30)
+    store = node.store
+    store.create("p")
+    txid = store.open_transaction("p")
+    data = os.urandom(20_000)
+    store.append_transaction("p", txid, data)
+    node.faults.delay("create", 0.3)
+    node.container.durable_log.add(ops.Seal(name=transaction_name("p", txid))).result()
+    wait_until(lambda: node.faults.calls["create"] >= 1, what="the writer to flush the sealed transaction")
+    store.commit_transaction("p", txid)
+    store.append("p", b"!")  # more batches, each led by a checkpoint: Tier 1 truncates what it may
+    wait_until(lambda: node.faults.calls["delete"] >= 1, what="the refused flush's chunk to go")
+    store.append("p", b"!")
+    store = node.restart().store
+    assert whole(store, "p") == data + b"!!"
