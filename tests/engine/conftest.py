@@ -190,3 +190,12 @@ def node(make_node: Callable[..., Node]) -> Node:
 @pytest.fixture
 def store(node: Node) -> SegmentStore:
     return node.store
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> Iterator[SegmentStore]:
+    """A store of four containers on files (Tier 1) and a folder (Tier 2) in ``tmp_path``."""
+    store = SegmentStore(small_settings(tmp_path, container_count=4))
+    store.start(wait=True)
+    yield store
+    store.close()

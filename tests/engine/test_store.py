@@ -64,14 +64,6 @@ def test_refused_container_count_leaves_the_directory_unlocked(tmp_path: Path) -
     again.close()
 
 
-@pytest.fixture
-def file_store(tmp_path: Path) -> Iterator[SegmentStore]:
-    store = SegmentStore(small_settings(tmp_path, container_count=4))
-    store.start(wait=True)
-    yield store
-    store.close()
-
-
 def test_segments_live_in_their_hashed_container(file_store: SegmentStore, tmp_path: Path) -> None:
     names = [f"scope/stream/{i}" for i in range(12)]
     for name in names:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -19,7 +18,7 @@ from engine import (
 )
 from engine import operations as ops
 from engine.naming import container_for, transaction_name
-from tests.engine.conftest import Node, small_settings, wait_until
+from tests.engine.conftest import Node, wait_until
 
 W = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 
@@ -354,14 +353,6 @@ def test_transactions_commit_contiguously_among_plain_appends(make_node: Callabl
 
 
 # ------------------------------------------------------------ across containers
-@pytest.fixture
-def file_store(tmp_path: Path) -> Iterator[SegmentStore]:
-    store = SegmentStore(small_settings(tmp_path, container_count=4))
-    store.start(wait=True)
-    yield store
-    store.close()
-
-
 def test_a_merge_across_containers_copies_then_merges_at_once(file_store: SegmentStore) -> None:
     store = file_store
     target = "t"
