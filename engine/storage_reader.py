@@ -91,6 +91,7 @@ class StorageReader:
         fetch_to = -(-end // block) * block
         fetched = self._fetch(segment_id, name, pos, pos - pos % block, fetch_to)
         if fetched is None:
+            self._read_ends.pop(segment_id, None)
             raise SegmentNotFound(f"segment {name!r} was deleted")
         start, data = fetched
         if not data:
