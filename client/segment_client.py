@@ -1,0 +1,302 @@
+"""``SegmentClient``: the segstore HTTP contract (API.md) over one pooled ``requests.Session``.
+
+Retries. A 503 (``Throttled``: back-pressure or a recovering container) means
+the server did not apply the request, so every request is retried on it,
+after ``Retry-After`` seconds or the exponential backoff, whichever is longer.
+A connection error (or timeout) is different: the request may have been
+applied and only the answer lost. Such a request is retried only when a
+retry is safe: reads, info, seal, truncate, commit (all idempotent), and
+appends that carry ``Writer-Id`` + ``Event-Number`` (the server drops the
+duplicate) or ``Expected-Offset`` (a second copy fails with 412). A plain
+append, a create, a delete, a merge and an open of a transaction are not
+retried after a connection error: the error is raised to the caller, who
+knows whether a duplicate would matter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from client.errors import error_from_response
+
+DEFAULT_RETRIES = 5
+DEFAULT_BACKOFF_S = 0.05
+BACKOFF_MAX_S = 5.0
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """An append's answer: where its bytes start (``None`` for a duplicate) and the new length."""
+
+    offset: int | None
+    length: int
+    duplicate: bool = False
+    event_number: int | None = None
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Bytes read, the offset to ask for next, and the segment's state at the time of the read."""
+
+    data: bytes
+    next_offset: int
+    sealed: bool
+    length: int
+
+    @property
+    def at_sealed_end(self) -> bool:
+        """True when nothing more will ever be readable past ``next_offset``."""
+        return self.sealed and self.next_offset >= self.length
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """The JSON info of a segment."""
+
+    name: str
+    length: int
+    start_offset: int
+    storage_length: int
+    sealed: bool
+    event_count: int
+    created: str
+    last_modified: str
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SegmentInfo:
+        return cls(**{field: body[field] for field in cls.__dataclass_fields__})
+
+
+def segment_path(name: str) -> str:
+    """The URL path of a segment: ``/`` kept raw, everything else percent-encoded as UTF-8."""
+    return "/v1/segments/" + quote(name, safe="/")
+
+
+class SegmentClient:
+    """A client for one segstore endpoint; thread-safe as far as ``requests.Session`` is."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        self.endpoint = endpoint.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=32)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        if token is not None:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> SegmentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _delay_s(self, attempt: int, response: requests.Response | None) -> float:
+        """Exponential backoff, but never shorter than the server's ``Retry-After``."""
+        delay = min(self.backoff_s * (2**attempt), BACKOFF_MAX_S)
+        if response is not None:
+            with contextlib.suppress(ValueError):
+                delay = max(delay, float(response.headers.get("Retry-After", 0)))
+        return delay
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        safe_to_resend: bool,
+        ok: tuple[int, ...] = (200,),
+        wait_s: float = 0.0,
+        **kwargs: Any,
+    ) -> requests.Response:
+        """Send with retries (see the module doc); return the response or raise its typed error."""
+        url = self.endpoint + path
+        timeout = self.timeout_s + wait_s
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self.session.request(method, url, timeout=timeout, **kwargs)
+            except (requests.ConnectionError, requests.Timeout):
+                if last or not safe_to_resend:
+                    raise
+                time.sleep(self._delay_s(attempt, None))
+                continue
+            if response.status_code in ok:
+                return response
+            if response.status_code == 503 and not last:
+                time.sleep(self._delay_s(attempt, response))
+                continue
+            raise error_from_response(response)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    # -- segments ----------------------------------------------------------------------------
+
+    def create(self, name: str, *, rollover_bytes: int | None = None) -> SegmentInfo:
+        """Create a segment; ``SegmentExists`` if the name is taken."""
+        body = None if rollover_bytes is None else {"rollover_bytes": rollover_bytes}
+        response = self._request("PUT", segment_path(name), safe_to_resend=False, ok=(201,), json=body)
+        return SegmentInfo.from_json(response.json())
+
+    def append(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        expected_offset: int | None = None,
+        writer_id: uuid.UUID | str | None = None,
+        event_number: int | None = None,
+        event_count: int | None = None,
+    ) -> AppendResult:
+        """Append ``data`` atomically, optionally conditional (``Expected-Offset``) or deduplicated."""
+        return self._append(segment_path(name), data, expected_offset, writer_id, event_number, event_count)
+
+    def _append(
+        self,
+        path: str,
+        data: bytes,
+        expected_offset: int | None,
+        writer_id: uuid.UUID | str | None,
+        event_number: int | None,
+        event_count: int | None,
+    ) -> AppendResult:
+        headers: dict[str, str] = {"Content-Type": "application/octet-stream"}
+        if expected_offset is not None:
+            headers["Expected-Offset"] = str(expected_offset)
+        if writer_id is not None:
+            headers["Writer-Id"] = str(writer_id)
+        if event_number is not None:
+            headers["Event-Number"] = str(event_number)
+        if event_count is not None:
+            headers["Event-Count"] = str(event_count)
+        safe = expected_offset is not None or (writer_id is not None and event_number is not None)
+        body = self._request("POST", path, safe_to_resend=safe, data=data, headers=headers).json()
+        if body.get("duplicate"):
+            return AppendResult(None, body["length"], True, body.get("event_number"))
+        return AppendResult(body["offset"], body["length"], False, event_number)
+
+    def read(
+        self, name: str, offset: int | None = None, length: int | None = None, *, wait_s: float | None = None
+    ) -> ReadResult:
+        """Read from ``offset`` (default: the start offset); ``wait_s`` long-polls at the tail."""
+        params: dict[str, Any] = {}
+        if offset is not None:
+            params["offset"] = offset
+        if length is not None:
+            params["length"] = length
+        if wait_s:
+            params["wait"] = f"{wait_s:g}"
+        response = self._request(
+            "GET", segment_path(name), safe_to_resend=True, ok=(200, 204), wait_s=wait_s or 0.0, params=params
+        )
+        return ReadResult(
+            data=response.content,
+            next_offset=int(response.headers["Segment-Next-Offset"]),
+            sealed=response.headers.get("Segment-Sealed") == "true",
+            length=int(response.headers["Segment-Length"]),
+        )
+
+    def info(self, name: str) -> SegmentInfo:
+        """The segment's JSON info."""
+        response = self._request("GET", segment_path(name) + ":info", safe_to_resend=True)
+        return SegmentInfo.from_json(response.json())
+
+    def seal(self, name: str) -> SegmentInfo:
+        """Seal the segment (idempotent)."""
+        response = self._request("POST", segment_path(name) + ":seal", safe_to_resend=True)
+        return SegmentInfo.from_json(response.json())
+
+    def truncate(self, name: str, offset: int) -> SegmentInfo:
+        """Raise the start offset to ``offset`` (never lowers it)."""
+        response = self._request(
+            "POST", segment_path(name) + ":truncate", safe_to_resend=True, json={"offset": offset}
+        )
+        return SegmentInfo.from_json(response.json())
+
+    def delete(self, name: str) -> None:
+        """Delete the segment."""
+        self._request("DELETE", segment_path(name), safe_to_resend=False, ok=(204,))
+
+    def list(self, prefix: str = "", *, page_size: int | None = None) -> Iterator[SegmentInfo]:
+        """Every segment whose name starts with ``prefix``, in name order, fetched page by page."""
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"prefix": prefix}
+            if page_size is not None:
+                params["limit"] = page_size
+            if after is not None:
+                params["after"] = after
+            body = self._request("GET", "/v1/segments", safe_to_resend=True, params=params).json()
+            for item in body["segments"]:
+                yield SegmentInfo.from_json(item)
+            after = body["next"]
+            if after is None:
+                return
+
+    def writer_event_number(self, name: str, writer_id: uuid.UUID | str) -> int | None:
+        """The last event number stored for ``writer_id`` on the segment, or ``None``."""
+        path = f"{segment_path(name)}:writers/{writer_id}"
+        return self._request("GET", path, safe_to_resend=True).json()["event_number"]
+
+    # -- transactions and merge --------------------------------------------------------------
+
+    def open_transaction(self, name: str) -> str:
+        """Open a transaction on ``name``; returns its id."""
+        path = segment_path(name) + ":transactions"
+        return self._request("POST", path, safe_to_resend=False, ok=(201,)).json()["id"]
+
+    def append_transaction(
+        self,
+        name: str,
+        txid: str,
+        data: bytes,
+        *,
+        expected_offset: int | None = None,
+        writer_id: uuid.UUID | str | None = None,
+        event_number: int | None = None,
+        event_count: int | None = None,
+    ) -> AppendResult:
+        """Append to an open transaction; same headers and retry rules as ``append``."""
+        path = f"{segment_path(name)}:transactions/{txid}"
+        return self._append(path, data, expected_offset, writer_id, event_number, event_count)
+
+    def commit_transaction(self, name: str, txid: str) -> AppendResult:
+        """Merge the transaction at the end of ``name`` atomically (idempotent)."""
+        path = f"{segment_path(name)}:transactions/{txid}/commit"
+        body = self._request("POST", path, safe_to_resend=True).json()
+        return AppendResult(body["offset"], body["length"])
+
+    def abort_transaction(self, name: str, txid: str) -> None:
+        """Drop the transaction and its bytes."""
+        path = f"{segment_path(name)}:transactions/{txid}"
+        self._request("DELETE", path, safe_to_resend=False, ok=(204,))
+
+    def merge(self, target: str, source: str) -> AppendResult:
+        """Append the sealed segment ``source`` at the end of ``target`` atomically."""
+        path = segment_path(target) + ":merge"
+        body = self._request("POST", path, safe_to_resend=False, json={"source": source}).json()
+        return AppendResult(body["offset"], body["length"])

@@ -1,0 +1,100 @@
+"""The segstore command against a real server, through ``main([...])`` with captured stdio."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from client.cli import _put, main
+from client.segment_client import AppendResult, SegmentClient
+from tests.client.conftest import MAX_APPEND_BYTES
+from tests.serverproc import ServerProcess
+
+
+def _stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_put_cat_ls_info_round_trip(
+    server: ServerProcess,
+    client: SegmentClient,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    data = os.urandom(3 * MAX_APPEND_BYTES + 123)
+    _stdin(monkeypatch, data)
+    endpoint = ["--endpoint", server.url]
+    assert main([*endpoint, "put", name, "--piece-bytes", str(MAX_APPEND_BYTES)]) == 0
+    # A piece over the server's max_append_bytes would have failed with 413.
+    assert client.info(name).length == len(data)
+    capsysbinary.readouterr()
+
+    assert main([*endpoint, "cat", name]) == 0
+    assert capsysbinary.readouterr().out == data
+
+    _stdin(monkeypatch, b"tail")
+    assert main([*endpoint, "put", name]) == 0
+    assert client.read(name, len(data)).data == b"tail"
+    capsysbinary.readouterr()
+
+    prefix = name.rsplit("/", 1)[0] + "/"
+    assert main([*endpoint, "ls", prefix]) == 0
+    assert capsysbinary.readouterr().out.decode() == f"{name}\t{len(data) + 4}\topen\n"
+
+    assert main([*endpoint, "info", name]) == 0
+    info = json.loads(capsysbinary.readouterr().out)
+    assert (info["name"], info["length"], info["sealed"]) == (name, len(data) + 4, False)
+
+
+def test_endpoint_from_environment_and_errors_exit_1(
+    server: ServerProcess,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    monkeypatch.setenv("SEGSTORE_ENDPOINT", server.url)
+    assert main(["info", name]) == 1
+    assert b"SegmentNotFound" in capsysbinary.readouterr().err
+
+
+def test_tail_follow_prints_new_bytes_until_sealed(
+    server: ServerProcess,
+    client: SegmentClient,
+    name: str,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    client.create(name)
+    client.append(name, b"old-old-old|")
+
+    def later() -> None:
+        time.sleep(0.3)
+        client.append(name, b"new|")
+        client.seal(name)
+
+    writer = threading.Thread(target=later)
+    writer.start()
+    assert main(["--endpoint", server.url, "tail", "-f", "-c", "4", name]) == 0
+    writer.join()
+    assert capsysbinary.readouterr().out == b"old|new|"
+
+
+class _LostAnswerClient(SegmentClient):
+    """Applies each append, then resends it as if the first answer had been lost."""
+
+    def append(self, name: str, data: bytes, **kwargs: Any) -> AppendResult:
+        super().append(name, data, **kwargs)
+        return super().append(name, data, **kwargs)
+
+
+def test_put_confirms_a_piece_whose_answer_was_lost(server: ServerProcess, name: str) -> None:
+    data = b"0123456789" * 10
+    with _LostAnswerClient(server.url) as lossy:
+        _put(lossy, name, io.BytesIO(data), piece_bytes=30)
+        assert lossy.read(name).data == data
