@@ -152,12 +152,10 @@ class SegmentMetadata:
             self.storage_length = op.storage_length
             check_layout(self.chunks, self.storage_length, self.start_offset)
             if op.merged or self.pending:
-                names = {c.name for c in self.chunks}
-                for merge in self.pending:
-                    if merge.offset in op.merged:
-                        assert all(c in names for c in (m.name for m in merge.chunks)), merge
+                taken = [m for m in self.pending if m.offset in op.merged]
+                assert len(taken) == len(op.merged), (op.merged, self.pending)
+                assert all(c in self.chunks for m in taken for c in m.chunks), taken
                 self.pending = [m for m in self.pending if m.offset not in op.merged]
-                assert len(op.merged) == len(set(op.merged)), op.merged
                 self.check_pending()
         else:
             raise AssertionError(f"not a segment operation: {op!r}")
