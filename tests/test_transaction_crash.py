@@ -76,8 +76,8 @@ def _work(url: str, ledger: Ledger, rng: random.Random) -> None:
             with ledger.lock:
                 data = ledger.in_flight.pop(txid)
                 ledger.committed[txid] = (answer.json()["offset"], data)
-    except requests.ConnectionError:
-        return  # the kill
+    except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
+        return  # the kill (before an answer, or in the middle of one)
     except BaseException as exc:
         ledger.errors.append(exc)
 
