@@ -411,3 +411,21 @@ def test_a_source_merged_while_the_writer_flushes_it_keeps_its_bytes_in_tier1(
     store.append("p", b"!")
     store = node.restart().store
     assert whole(store, "p") == data + b"!!"
+
+
+def test_the_parent_writes_on_into_a_merged_chunk_when_the_binding_appends(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(flush_threshold_ms=60_000, flush_threshold_bytes=1 << 30)
+    store = node.store
+    assert node.storage.supports_append
+    store.create("t")
+    store.create("s")
+    store.append("s", b"s" * 100)
+    store.seal("s")
+    store.flush()
+    store.merge("t", "s")
+    store.append("t", b"t" * 50)
+    store.flush()
+    assert [c.length for c in node.layout("t")] == [150]  # one chunk: the source's, grown
+    assert node.tier2_bytes("t") == b"s" * 100 + b"t" * 50
