@@ -43,6 +43,7 @@ bp = Blueprint("segments", __name__)
 
 LIST_LIMIT_DEFAULT = 1000
 LIST_LIMIT_MAX = 10000
+PARTITION_BYTES_DEFAULT = 64 * 1024 * 1024
 _ROUTE = "/v1/segments/{name}"
 
 
@@ -222,6 +223,15 @@ def writer(name: str, writer_id_text: str) -> Response:
     return response
 
 
+def partitions(name: str) -> Response:
+    """GET ``:partitions?target_bytes=n``: ranges for parallel readers, on append boundaries."""
+    target = inputs.int_param(request, "target_bytes", minimum=1)
+    ranges = store().partitions(name, PARTITION_BYTES_DEFAULT if target is None else target)
+    response = jsonify({"partitions": [{"start": a, "end": b} for a, b in ranges]})
+    response.headers.update(segment_headers(store().info(name)))
+    return response
+
+
 def _merged_response(result: MergeResult) -> Response:
     """A commit's or merge's answer: where the bytes start and the target's length right after.
 
@@ -320,6 +330,7 @@ _CUSTOM: dict[str, dict[str, dict[str, Handler]]] = {
     "seal": {"": {"POST": seal}},
     "truncate": {"": {"POST": truncate}},
     "writers": {"/{id}": {"GET": writer}},
+    "partitions": {"": {"GET": partitions}},
     "transactions": {
         "": {"POST": open_transaction},
         "/{id}": {"POST": append_transaction, "GET": transaction_info, "DELETE": abort_transaction},

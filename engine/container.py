@@ -363,6 +363,11 @@ class SegmentContainer:
         with self.metadata.lock:
             return self.metadata.by_name(name).attributes.get(str(writer_id))
 
+    def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
+        self._check_ready()
+        with self.metadata.lock:
+            return self.metadata.by_name(name).partitions(target_bytes)
+
     def list(self, prefix: str, after: str | None, limit: int) -> list[SegmentInfo]:
         self._check_ready()
         with self.metadata.lock:

@@ -46,6 +46,11 @@ from engine.types import SegmentInfo
 
 # Merges a target remembers for idempotent retries (the oldest are forgotten first).
 MERGE_RECORDS_MAX = 1024
+# Append boundaries a segment remembers for ``partitions``: one every
+# ``boundary_spacing`` bytes at least, starting at BOUNDARY_SPACING_MIN_BYTES;
+# past BOUNDARIES_MAX every other one is dropped and the spacing doubles.
+BOUNDARY_SPACING_MIN_BYTES = 64 * 1024
+BOUNDARIES_MAX = 1024
 
 
 class PendingMerge(NamedTuple):
@@ -85,6 +90,9 @@ class SegmentMetadata:
     pending: list[PendingMerge] = field(default_factory=list)
     # Source name -> [offset, length, source's creation time] of recent merges into this one.
     merges: dict[str, list[float]] = field(default_factory=dict)
+    # Offsets where appends (or merges) began, sparse and sorted (replaced, never changed in place).
+    boundaries: list[int] = field(default_factory=list)
+    boundary_spacing: int = BOUNDARY_SPACING_MIN_BYTES
 
     def check(self) -> None:
         assert 0 <= self.start_offset <= self.length, self
@@ -110,6 +118,47 @@ class SegmentMetadata:
             return self.chunks
         return [*self.chunks, *(c for merge in self.pending for c in merge.chunks)]
 
+    def add_boundaries(self, offsets: list[int]) -> None:
+        """Remember append boundaries (ascending, at or past the last one) for ``partitions``."""
+        kept = self.boundaries
+        for offset in offsets:
+            if not kept or offset >= kept[-1] + self.boundary_spacing:
+                if kept is self.boundaries:
+                    kept = list(kept)
+                kept.append(offset)
+        while len(kept) > BOUNDARIES_MAX:
+            kept = kept[::2]
+            self.boundary_spacing *= 2
+        self.boundaries = kept
+
+    def partitions(self, target_bytes: int) -> list[tuple[int, int]]:
+        """Contiguous ranges covering [start offset, length), each starting on an append boundary.
+
+        Each range ends at the remembered boundary nearest to ``target_bytes``
+        past its start; a short rest joins the last range. The first range
+        starts at the start offset, which may be any offset a truncate named.
+        """
+        assert target_bytes > 0, target_bytes
+        if self.start_offset == self.length:
+            return []
+        cuts = [b for b in self.boundaries if self.start_offset < b < self.length]
+        ranges: list[tuple[int, int]] = []
+        start, i = self.start_offset, 0
+        while i < len(cuts):
+            goal = start + target_bytes
+            while i + 1 < len(cuts) and abs(cuts[i + 1] - goal) < abs(cuts[i] - goal):
+                i += 1
+            if cuts[i] - start < target_bytes / 2:  # no cut near the goal: take a longer range
+                i += 1
+                continue
+            if self.length - cuts[i] < target_bytes / 2:  # the rest joins this range
+                break
+            ranges.append((start, cuts[i]))
+            start = cuts[i]
+            i += 1
+        ranges.append((start, self.length))
+        return ranges
+
     def info(self) -> SegmentInfo:
         return SegmentInfo(
             name=self.name,
@@ -129,6 +178,7 @@ class SegmentMetadata:
         if isinstance(op, ops.Append):
             assert op.offset == self.length, f"append at {op.offset}, length {self.length}"
             assert not self.sealed and not self.deleted
+            self.add_boundaries([op.offset])
             self.length += op.length
             self.last_modified = op.timestamp
             self.event_count += op.event_count
@@ -142,6 +192,8 @@ class SegmentMetadata:
         elif isinstance(op, ops.Truncate):
             assert op.offset <= self.length
             self.start_offset = max(self.start_offset, op.offset)
+            if self.boundaries and self.boundaries[0] < self.start_offset:
+                self.boundaries = [b for b in self.boundaries if b >= self.start_offset]
         elif isinstance(op, ops.Delete):
             self.deleted = True
         elif isinstance(op, ops.UpdateAttributes):
@@ -175,6 +227,7 @@ def merge_into(target: SegmentMetadata, source: SegmentMetadata, op: ops.MergeSe
     moved = [PendingMerge(op.offset, concat_layouts([], op.offset, source.chunks))] if source.chunks else []
     moved += [PendingMerge(op.offset + m.offset, _shifted(m.chunks, op.offset)) for m in source.pending]
     target.pending = [*target.pending, *moved]
+    target.add_boundaries([op.offset] + [op.offset + b for b in source.boundaries if b > 0])
     target.length += source.length
     target.event_count += source.event_count
     target.last_modified = op.timestamp

@@ -238,6 +238,14 @@ class SegmentStore:
         """The last event number stored for ``writer_id`` on the segment, or None."""
         return self._container(name).writer_event_number(name, writer_id)
 
+    def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
+        """Ranges ``[start, end)`` covering the readable bytes, each starting on an append boundary.
+
+        Boundaries are remembered sparsely (at least 64 KiB apart, fewer on
+        very long segments), so ranges are near ``target_bytes``, not exact.
+        """
+        return self._container(name).partitions(name, target_bytes)
+
     def list(
         self, prefix: str = "", *, after: str | None = None, limit: int = 1000
     ) -> tuple[list[SegmentInfo], str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 
@@ -224,3 +225,21 @@ def test_writers_needs_a_writer_id(raw_client: FlaskClient, segment: str) -> Non
 def test_writers_of_a_missing_segment_is_404(client: FlaskClient) -> None:
     response = client.get(f"/v1/segments/no/such:writers/{uuid.uuid4()}")
     assert_problem(response, 404, "SegmentNotFound")
+
+
+def test_partitions_cover_the_segment_on_append_boundaries(client: FlaskClient, segment: str) -> None:
+    block = b"x" * 4096
+    for _ in range(40):  # appends of 4 KiB; boundaries are remembered 64 KiB apart
+        assert client.post(f"{segment}", data=block).status_code == 200
+    response = client.get(f"{segment}:partitions?target_bytes=65536")
+    assert response.status_code == 200
+    assert segment_state(response) == (40 * 4096, 0, "false")
+    ranges = response.get_json()["partitions"]
+    assert ranges[0]["start"] == 0 and ranges[-1]["end"] == 40 * 4096
+    assert all(a["end"] == b["start"] for a, b in itertools.pairwise(ranges))
+    assert all(r["start"] % 4096 == 0 for r in ranges)
+    assert [r["start"] for r in ranges] == [0, 65536, 131072]
+    whole = client.get(f"{segment}:partitions").get_json()
+    assert whole == {"partitions": [{"start": 0, "end": 40 * 4096}]}
+    assert_problem(client.get(f"{segment}:partitions?target_bytes=0"), 400, "InvalidArgument")
+    assert_problem(client.get("/v1/segments/no/such:partitions"), 404, "SegmentNotFound")
