@@ -17,11 +17,11 @@ from typing import Any, BinaryIO
 from flask import Request
 
 from app.errors import InvalidHeader
-from engine import InvalidArgument, PayloadTooLarge, SegstoreError
+from engine import AttributeUpdate, AttributeUpdateType, InvalidArgument, PayloadTooLarge, SegstoreError
 
 INT64_MAX = 2**63 - 1
-# Small JSON bodies (create options, truncate offset) are read whole up to this size.
-MAX_JSON_BODY_BYTES = 64 * 1024
+# Small JSON bodies (create options, truncate offset, attribute updates) are read whole up to this size.
+MAX_JSON_BODY_BYTES = 256 * 1024
 _READ_PIECE_BYTES = 64 * 1024
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -259,3 +259,50 @@ def json_str(body: dict[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise InvalidArgument(f"{key} must be a string, got {json.dumps(value)[:60]}")
     return value
+
+
+_UPDATE_KEYS = {"key", "type", "value", "expected"}
+
+
+def _int64(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value <= INT64_MAX:
+        raise InvalidArgument(f"{what} must be an int64, got {json.dumps(value)[:60]}")
+    return value
+
+
+def attribute_updates(body: dict[str, Any]) -> list[AttributeUpdate]:
+    """``{"updates": [{"key", "type", "value", "expected"}, ...]}`` as engine updates."""
+    raw = body.get("updates")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidArgument('the body needs "updates": a non-empty array of attribute updates')
+    updates = []
+    for i, item in enumerate(raw):
+        where = f"updates[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"{where} must be an object, got {_json_type(item)}")
+        unknown = sorted(set(item) - _UPDATE_KEYS)
+        if unknown:
+            raise InvalidArgument(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}")
+        key = item.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument(f"{where}.key must be a UUID string")
+        try:
+            kind = AttributeUpdateType(item.get("type"))
+        except ValueError:
+            known = ", ".join(t.value for t in AttributeUpdateType)
+            got = json.dumps(item.get("type"))[:60]
+            raise InvalidArgument(f"{where}.type must be one of {known}, got {got}") from None
+        if "value" not in item:
+            raise InvalidArgument(f"{where} needs a value")
+        expected = item.get("expected")
+        if kind is not AttributeUpdateType.REPLACE_IF_EQUALS and "expected" in item:
+            raise InvalidArgument(f"{where}: only replace_if_equals takes an expected value")
+        updates.append(
+            AttributeUpdate(
+                parse_uuid(key, f"{where}.key", InvalidArgument),
+                kind,
+                _int64(item["value"], f"{where}.value"),
+                None if expected is None else _int64(expected, f"{where}.expected"),
+            )
+        )
+    return updates

@@ -28,6 +28,7 @@ from app import inputs, ops
 from app.errors import segment_headers
 from app.sse import event_stream_response, wants_event_stream
 from engine import (
+    ATTRIBUTES_PER_REQUEST_MAX,
     AppendResult,
     InvalidArgument,
     InvalidName,
@@ -223,6 +224,30 @@ def writer(name: str, writer_id_text: str) -> Response:
     return response
 
 
+def get_attributes(name: str) -> Response:
+    """GET ``:attributes?keys=k1,k2``: the keys' values (null: no value)."""
+    text = inputs.str_param(request, "keys")
+    if not text:
+        raise InvalidArgument("name the attributes to read: ?keys=k1,k2 (UUIDs)")
+    keys = [inputs.parse_uuid(k, "attribute key", InvalidArgument) for k in text.split(",")]
+    if len(keys) > ATTRIBUTES_PER_REQUEST_MAX:
+        raise InvalidArgument(f"at most {ATTRIBUTES_PER_REQUEST_MAX} keys per request")
+    values = store().get_attributes(name, keys)
+    response = jsonify({"attributes": {str(k): v for k, v in values.items()}})
+    response.headers.update(segment_headers(store().info(name)))
+    return response
+
+
+def update_attributes(name: str) -> Response:
+    """POST ``:attributes`` with ``{"updates": [...]}``: all applied atomically, or 412 naming the key."""
+    body = inputs.json_object_body(request, {"updates"}, required=True)
+    updates = inputs.attribute_updates(body)
+    values = store().update_attributes(name, updates)
+    response = jsonify({"attributes": {str(k): v for k, v in values.items()}})
+    response.headers.update(segment_headers(store().info(name)))
+    return response
+
+
 def partitions(name: str) -> Response:
     """GET ``:partitions?target_bytes=n``: ranges for parallel readers, on append boundaries."""
     target = inputs.int_param(request, "target_bytes", minimum=1)
@@ -331,6 +356,7 @@ _CUSTOM: dict[str, dict[str, dict[str, Handler]]] = {
     "truncate": {"": {"POST": truncate}},
     "writers": {"/{id}": {"GET": writer}},
     "partitions": {"": {"GET": partitions}},
+    "attributes": {"": {"GET": get_attributes, "POST": update_attributes}},
     "transactions": {
         "": {"POST": open_transaction},
         "/{id}": {"POST": append_transaction, "GET": transaction_info, "DELETE": abort_transaction},

@@ -3,6 +3,7 @@
 ``app/`` uses only the names exported here.
 """
 
+from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.config import Settings, load_settings
 from engine.errors import (
     BadOffset,
@@ -27,7 +28,10 @@ from engine.store import SegmentStore
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
+    "ATTRIBUTES_PER_REQUEST_MAX",
     "AppendResult",
+    "AttributeUpdate",
+    "AttributeUpdateType",
     "BadOffset",
     "ConditionalCheckFailed",
     "ContainerNotReady",

@@ -14,9 +14,11 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 
 from engine import naming
 from engine import operations as ops
+from engine.attributes import AttributeUpdate, check_request
 from engine.cache import Cache
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
@@ -218,6 +220,7 @@ class SegmentContainer:
         writer_id: uuid.UUID | None,
         event_number: int | None,
         event_count: int,
+        attributes: Sequence[AttributeUpdate] = (),
     ) -> AppendResult:
         if not data:
             raise InvalidArgument("an append needs at least one byte")
@@ -243,6 +246,7 @@ class SegmentContainer:
             writer_id=writer_id,
             event_number=event_number,
             event_count=event_count,
+            attribute_updates=tuple(check_request(attributes)),
         )
         outcome = self._submit(op)
         info = self.metadata.info(name)
@@ -362,6 +366,20 @@ class SegmentContainer:
         self._check_ready()
         with self.metadata.lock:
             return self.metadata.by_name(name).attributes.get(str(writer_id))
+
+    def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
+        updates = check_request(updates)
+        if not updates:
+            raise InvalidArgument("an attribute update needs at least one update")
+        op = ops.UpdateAttributes(name=name, updates=tuple(updates))
+        self._submit(op)
+        return {uuid.UUID(key): value for key, value in op.attributes.items()}
+
+    def get_attributes(self, name: str, keys: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+        self._check_ready()
+        with self.metadata.lock:
+            attributes = self.metadata.by_name(name).attributes
+            return {key: attributes.get(str(key)) for key in keys}
 
     def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
         self._check_ready()

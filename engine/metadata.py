@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from engine import operations as ops
+from engine.attributes import INT64_MAX, INT64_MIN, resolve
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
@@ -187,6 +188,8 @@ class SegmentMetadata:
                 assert op.event_number is not None
                 assert op.event_number > self.attributes.get(key, -1)
                 self.attributes[key] = op.event_number
+            if op.attributes:
+                self.attributes.update(op.attributes)
         elif isinstance(op, ops.Seal):
             self.sealed = True
         elif isinstance(op, ops.Truncate):
@@ -474,6 +477,10 @@ class MetadataUpdater:
                 assert op.event_number is not None
                 if last is not None and op.event_number <= last:
                     return Outcome(False, duplicate_of=last)
+            if op.attribute_updates:
+                op.attributes = resolve(op.attribute_updates, seg.attributes.get, seg.info())
+                if op.writer_id is not None and str(op.writer_id) in op.attributes:
+                    raise InvalidArgument(f"attribute {op.writer_id} is the append's writer id")
             op.offset = seg.length
             op.timestamp = time.time()
             return Outcome(True)
@@ -488,8 +495,12 @@ class MetadataUpdater:
                 )
             return Outcome(op.offset > seg.start_offset)
         if isinstance(op, ops.UpdateAttributes):
+            if seg.sealed:
+                raise SegmentSealed(f"segment {seg.name!r} is sealed", segment=seg.info())
+            if op.updates:
+                op.attributes = resolve(op.updates, seg.attributes.get, seg.info())
             for key, value in op.attributes.items():
-                if not -(2**63) <= value < 2**63:
+                if not INT64_MIN <= value <= INT64_MAX:
                     raise InvalidArgument(f"attribute {key} value {value} is not an int64")
             return Outcome(True)
         return Outcome(True)

@@ -7,7 +7,10 @@ Seed 000 "Log Operations". Layout of one serialized operation (big-endian):
 The append body is binary (it is the hot path and carries raw bytes):
 
     segment id u64 | offset u64 | timestamp f64 | event number i64 (-1: none)
-    | event count u32 | has writer u8 | [writer id 16 bytes] | data
+    | event count u32 | flags u8 | [writer id 16 bytes] | [attributes] | data
+
+flags: 1 = a writer id follows, 2 = attributes follow, as
+``count u16 | (key 16 bytes | value i64) * count``.
 
 Every other body is UTF-8 JSON of the operation's fields.
 """
@@ -21,10 +24,14 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from engine.attributes import AttributeUpdate
 from engine.errors import DataCorrupted
 
 _HEADER = struct.Struct(">BQI")
 _APPEND = struct.Struct(">QQdqIB")
+_ATTRIBUTE = struct.Struct(">16sq")
+_COUNT = struct.Struct(">H")
+_HAS_WRITER, _HAS_ATTRIBUTES = 1, 2
 
 
 class OpType(IntEnum):
@@ -77,7 +84,8 @@ class CreateSegment(SegmentOperation):
 class Append(SegmentOperation):
     """Append bytes; with a writer id, the event number is stored atomically with them.
 
-    ``expected_offset`` is a request condition only and is not serialized.
+    ``expected_offset`` and ``attribute_updates`` are the request's conditions
+    and are not serialized: the log keeps the resolved ``attributes``.
     ``data`` is dropped (None) once the bytes are in the read index; ``length`` stays.
     """
 
@@ -88,7 +96,10 @@ class Append(SegmentOperation):
     writer_id: uuid.UUID | None = None
     event_number: int | None = None
     event_count: int = 1
+    # Attribute values set atomically with the bytes (resolved from ``attribute_updates``).
+    attributes: dict[str, int] = field(default_factory=dict)
     expected_offset: int | None = field(default=None, compare=False)
+    attribute_updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.data is not None:
@@ -112,9 +123,10 @@ class Delete(SegmentOperation):
 
 @dataclass(slots=True, kw_only=True)
 class UpdateAttributes(SegmentOperation):
-    """Set attributes (UUID string -> int64), e.g. a writer's last event number."""
+    """Set attributes (UUID string -> int64), resolved from the request's ``updates``."""
 
     attributes: dict[str, int] = field(default_factory=dict)
+    updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -205,10 +217,16 @@ def encode(op: Operation) -> bytes:
     if kind is OpType.APPEND:
         assert isinstance(op, Append) and op.data is not None and op.offset >= 0
         writer = op.writer_id.bytes if op.writer_id is not None else b""
+        flags = (_HAS_WRITER if writer else 0) | (_HAS_ATTRIBUTES if op.attributes else 0)
+        attributes = b""
+        if op.attributes:
+            attributes = _COUNT.pack(len(op.attributes)) + b"".join(
+                _ATTRIBUTE.pack(uuid.UUID(key).bytes, value) for key, value in op.attributes.items()
+            )
         event = -1 if op.event_number is None else op.event_number
-        head = _APPEND.pack(op.segment_id, op.offset, op.timestamp, event, op.event_count, len(writer) // 16)
-        body_len = len(head) + len(writer) + len(op.data)
-        return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, op.data))
+        head = _APPEND.pack(op.segment_id, op.offset, op.timestamp, event, op.event_count, flags)
+        body_len = len(head) + len(writer) + len(attributes) + len(op.data)
+        return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, attributes, op.data))
     fields_ = _JSON_FIELDS[kind][1]
     body = json.dumps({f: getattr(op, f) for f in fields_}, separators=(",", ":")).encode()
     return _HEADER.pack(kind, op.seq, len(body)) + body
@@ -241,12 +259,22 @@ def decode_all(payload: bytes | memoryview) -> list[Operation]:
 
 def _decode_body(kind: OpType, seq: int, body: memoryview) -> Operation:
     if kind is OpType.APPEND:
-        seg, offset, ts, event, count, has_writer = _APPEND.unpack_from(body, 0)
+        seg, offset, ts, event, count, flags = _APPEND.unpack_from(body, 0)
+        if flags & ~(_HAS_WRITER | _HAS_ATTRIBUTES):
+            raise ValueError(f"unknown append flags {flags}")
         pos = _APPEND.size
         writer = None
-        if has_writer:
+        if flags & _HAS_WRITER:
             writer = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
             pos += 16
+        attributes: dict[str, int] = {}
+        if flags & _HAS_ATTRIBUTES:
+            (n,) = _COUNT.unpack_from(body, pos)
+            pos += _COUNT.size
+            for _ in range(n):
+                key, value = _ATTRIBUTE.unpack_from(body, pos)
+                attributes[str(uuid.UUID(bytes=key))] = value
+                pos += _ATTRIBUTE.size
         return Append(
             seq=seq,
             segment_id=seg,
@@ -255,6 +283,7 @@ def _decode_body(kind: OpType, seq: int, body: memoryview) -> Operation:
             event_number=None if event < 0 else event,
             event_count=count,
             writer_id=writer,
+            attributes=attributes,
             data=bytes(body[pos:]),
         )
     cls, fields_ = _JSON_FIELDS[kind]

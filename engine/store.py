@@ -17,10 +17,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from engine.attributes import AttributeUpdate
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
@@ -172,6 +173,15 @@ class SegmentStore:
             raise ContainerNotReady("the store has not started")
         return self._containers[container_for(name, len(self._containers))]
 
+    def container_of(self, name: str) -> int:
+        """The id of the container that owns ``name``.
+
+        Two segments of one container merge as metadata only; across containers
+        a merge copies the bytes, so a caller staging data for a merge picks a
+        name in its target's container.
+        """
+        return self._container(name).container_id
+
     # --------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None = None) -> SegmentInfo:
         """Create an empty segment. Raises SegmentExists if the name is taken."""
@@ -186,13 +196,16 @@ class SegmentStore:
         writer_id: uuid.UUID | None = None,
         event_number: int | None = None,
         event_count: int = 1,
+        attributes: Sequence[AttributeUpdate] = (),
     ) -> AppendResult:
         """Append ``data`` atomically; returns once it is durable in Tier 1.
 
         ``expected_offset``: append only if the length equals it (else
         ConditionalCheckFailed). ``writer_id`` + ``event_number``: append only
         if ``event_number`` is greater than the writer's stored one; otherwise
-        the result is a duplicate and nothing is stored.
+        the result is a duplicate and nothing is stored. ``attributes`` are
+        updated atomically with the append: if one's condition fails, nothing
+        is appended (ConditionalCheckFailed naming the key).
         """
         return self._container(name).append(
             name,
@@ -201,7 +214,19 @@ class SegmentStore:
             writer_id=writer_id,
             event_number=event_number,
             event_count=event_count,
+            attributes=attributes,
         )
+
+    def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
+        """Apply attribute updates atomically: all of them, or none (ConditionalCheckFailed).
+
+        Returns the values the updated keys now have.
+        """
+        return self._container(name).update_attributes(name, updates)
+
+    def get_attributes(self, name: str, keys: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+        """The values of ``keys`` (None: no value)."""
+        return self._container(name).get_attributes(name, keys)
 
     def read(
         self,

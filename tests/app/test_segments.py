@@ -9,6 +9,7 @@ import uuid
 import pytest
 from flask.testing import FlaskClient
 
+from app.inputs import MAX_JSON_BODY_BYTES
 from tests.app.helpers import assert_problem, segment_state
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
@@ -70,7 +71,7 @@ def test_create_with_a_bad_body_is_400_saying_why(client: FlaskClient, body: byt
 
 
 def test_create_with_an_oversized_json_body_is_400(client: FlaskClient) -> None:
-    body = b'{"rollover_bytes": 5' + b" " * 70_000 + b"}"
+    body = b'{"rollover_bytes": 5' + b" " * MAX_JSON_BODY_BYTES + b"}"
     response = client.put("/v1/segments/s/big", data=body)
     assert "limit" in assert_problem(response, 400, "InvalidArgument")["detail"]
 
