@@ -77,6 +77,23 @@ class SegmentInfo:
         return cls(**{field: body[field] for field in cls.__dataclass_fields__})
 
 
+@dataclass(frozen=True)
+class AttributeUpdate:
+    """One attribute update (API.md, Attributes): ``type`` is replace, replace_if_greater,
+    replace_if_equals, accumulate or none; ``expected`` is for replace_if_equals."""
+
+    key: uuid.UUID | str
+    type: str
+    value: int
+    expected: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": str(self.key), "type": self.type, "value": self.value}
+        if self.type == "replace_if_equals":
+            body["expected"] = self.expected
+        return body
+
+
 def segment_path(name: str) -> str:
     """The URL path of a segment: ``/`` kept raw, everything else percent-encoded as UTF-8."""
     return "/v1/segments/" + quote(name, safe="/")
@@ -300,3 +317,29 @@ class SegmentClient:
         path = segment_path(target) + ":merge"
         body = self._request("POST", path, safe_to_resend=False, json={"source": source}).json()
         return AppendResult(body["offset"], body["length"])
+
+    # -- partitions and attributes -----------------------------------------------------------
+
+    def partitions(self, name: str, target_bytes: int | None = None) -> list[tuple[int, int]]:
+        """Contiguous ``(start, end)`` ranges covering the readable bytes, each on an append boundary."""
+        params = {} if target_bytes is None else {"target_bytes": target_bytes}
+        path = segment_path(name) + ":partitions"
+        body = self._request("GET", path, safe_to_resend=True, params=params).json()
+        return [(int(p["start"]), int(p["end"])) for p in body["partitions"]]
+
+    def get_attributes(self, name: str, keys: list[uuid.UUID | str]) -> dict[str, int | None]:
+        """The values of attribute ``keys`` (UUIDs) on the segment; ``None`` where unset."""
+        path = segment_path(name) + ":attributes"
+        params = {"keys": ",".join(str(k) for k in keys)}
+        return self._request("GET", path, safe_to_resend=True, params=params).json()["attributes"]
+
+    def update_attributes(self, name: str, updates: list[AttributeUpdate]) -> None:
+        """Apply ``updates`` atomically, all or none; a failed condition raises ``ConditionalCheckFailed``.
+
+        Resent after a lost answer only when every update is idempotent
+        (``accumulate`` is not: a second copy would add twice).
+        """
+        path = segment_path(name) + ":attributes"
+        body = {"updates": [update.to_json() for update in updates]}
+        safe = all(update.type != "accumulate" for update in updates)
+        self._request("POST", path, safe_to_resend=safe, json=body)
