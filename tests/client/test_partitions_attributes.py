@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import pytest
@@ -17,7 +18,7 @@ def test_partitions_cover_the_segment_on_append_boundaries(client: SegmentClient
         boundaries.add(client.append(name, bytes([i]) * 10_000).length)
     ranges = client.partitions(name, 64 * 1024)
     assert ranges[0][0] == 0 and ranges[-1][1] == 400_000
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     assert len(ranges) > 1
     assert {start for start, _ in ranges} <= boundaries
     assert client.partitions(name) == [(0, 400_000)]
