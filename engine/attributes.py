@@ -55,6 +55,19 @@ class AttributeUpdate:
             raise InvalidArgument(f"attribute {self.key}: only replace_if_equals takes an expected value")
 
 
+@dataclass(frozen=True, slots=True)
+class Preloaded:
+    """Values fetched from the attribute index before an operation entered the pipeline (seed 001, 1.2).
+
+    They count only for keys the metadata does not hold, and only while no
+    key of the segment was evicted since the fetch (``evictions`` then):
+    a value evicted meanwhile may be newer than the fetched one.
+    """
+
+    values: dict[str, int | None]
+    evictions: int
+
+
 def check_request(updates: Iterable[AttributeUpdate]) -> list[AttributeUpdate]:
     """The updates of one request, refused when empty, too many, or naming a key twice."""
     updates = list(updates)

@@ -58,9 +58,23 @@ class Settings:
     # Tail reads: the longest `wait` a client may ask for; SSE keep-alive period.
     tail_wait_max_s: float = 60.0
     sse_keepalive_s: float = 15.0
+    # Attributes (seed 001): values held in memory past this are evicted once they are in
+    # the attribute index; index pages are cached up to attribute_index_cache_bytes.
+    attribute_cache_max_bytes: int = 64 * MiB
+    attribute_index_cache_bytes: int = 64 * MiB
     # Transactions with no append, commit or abort for this long are aborted.
     transaction_timeout_s: float = 600.0
+    # Durable Streams: a long-poll (and an SSE keep-alive) waits this long at the tail (at most
+    # tail_wait_max_s); expired streams are looked for every stream_reap_interval_s.
+    stream_long_poll_s: float = 30.0
+    stream_reap_interval_s: float = 1.0
     log_level: str = "info"
+    # Access control: a TOML file of bearer tokens and their grants (empty: native API open).
+    auth_file: str = ""
+    # S3 surface credentials, "access:secret,..." (empty: anonymous, served on loopback only).
+    s3_keys: str = ""
+    # 1 lets the server bind a non-loopback address with auth off.
+    allow_unauthenticated: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):

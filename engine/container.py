@@ -18,12 +18,14 @@ from collections.abc import Sequence
 
 from engine import naming
 from engine import operations as ops
-from engine.attributes import AttributeUpdate, check_request
+from engine.attributes import AttributeUpdate, Preloaded, check_request
+from engine.blocking import run_blocking
 from engine.cache import Cache
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import (
+    AttributesNotLoaded,
     BadOffset,
     ContainerNotReady,
     InvalidArgument,
@@ -37,6 +39,7 @@ from engine.errors import (
 from engine.metadata import ContainerMetadata, Outcome
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
+from engine.segment_attributes import SegmentAttributes
 from engine.storage_reader import StorageReader
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
 from engine.tier2.chunked import ChunkedSegmentStorage
@@ -46,6 +49,8 @@ from engine.writer import StorageWriter
 log = logging.getLogger(__name__)
 
 _INT64_MAX = 2**63 - 1
+# Fetches of attribute values an operation may need before it gives up (AttributesNotLoaded, 503).
+_PRELOAD_TRIES = 5
 
 
 class SegmentContainer:
@@ -66,8 +71,17 @@ class SegmentContainer:
         cache = Cache(max(settings.cache_max_bytes // settings.container_count, 1))
         self.read_index = ReadIndex(cache, block_bytes=settings.cache_block_bytes)
         self.durable_log = DurableLog(settings, data_log, self.metadata, self.read_index, metrics)
+        node_cache_bytes = max(settings.attribute_index_cache_bytes // settings.container_count, 1)
+        self.attributes = SegmentAttributes(self.metadata, self.chunked, node_cache_bytes)
         self.writer = StorageWriter(
-            container_id, settings, self.durable_log, self.metadata, self.read_index, self.chunked, metrics
+            container_id,
+            settings,
+            self.durable_log,
+            self.metadata,
+            self.read_index,
+            self.chunked,
+            self.attributes,
+            metrics,
         )
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -115,7 +129,8 @@ class SegmentContainer:
         """Start the new epoch in Tier 2: drop older epochs' chunks that no layout names."""
         self.chunked.epoch = self.metadata.epoch
         with self.metadata.lock:
-            referenced = {c.name for s in self.metadata.segments.values() for c in s.read_layout()}
+            segments = self.metadata.segments.values()
+            referenced = {c.name for s in segments for c in [*s.read_layout(), *s.attribute_chunks]}
         dropped = self.chunked.collect_garbage(referenced)
         if dropped:
             log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
@@ -170,6 +185,34 @@ class SegmentContainer:
     def _submit(self, op: ops.Operation) -> Outcome:
         self._check_ready()
         return self.durable_log.add(op).result()
+
+    def _submit_with_attributes(self, op: ops.Append | ops.UpdateAttributes, keys: list[str]) -> Outcome:
+        """Submit an operation that reads attributes, fetching from the index what memory lacks.
+
+        Seed 001 steps 1.1-1.3: the values come before the operation enters the
+        pipeline, so the pipeline never waits on Tier 2. If keys were evicted
+        between the fetch and the check, the fetch is done again.
+        """
+        for attempt in range(_PRELOAD_TRIES):
+            op.preloaded = self._preload(op.name, keys)
+            try:
+                return self._submit(op)
+            except AttributesNotLoaded:
+                if attempt == _PRELOAD_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _preload(self, name: str, keys: list[str]) -> Preloaded | None:
+        self._check_ready()
+        with self.metadata.lock:
+            seg = self.metadata.by_name(name)
+            if seg.attribute_root is None:
+                return None
+            missing = [k for k in keys if k not in seg.attributes]
+            segment_id, evictions = seg.segment_id, seg.evictions
+        if not missing:
+            return None
+        return Preloaded(run_blocking(self.attributes.lookup, segment_id, missing), evictions)
 
     # ------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None) -> SegmentInfo:
@@ -248,7 +291,8 @@ class SegmentContainer:
             event_count=event_count,
             attribute_updates=tuple(check_request(attributes)),
         )
-        outcome = self._submit(op)
+        keys = [str(u.key) for u in op.attribute_updates]
+        outcome = self._submit_with_attributes(op, keys if writer_id is None else [str(writer_id), *keys])
         info = self.metadata.info(name)
         if outcome.duplicate_of is not None:
             self.durable_log.metrics.duplicates.inc()
@@ -363,23 +407,32 @@ class SegmentContainer:
                     log.info("container %d: %s aborted (idle or orphaned)", self.container_id, name)
 
     def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
-        self._check_ready()
-        with self.metadata.lock:
-            return self.metadata.by_name(name).attributes.get(str(writer_id))
+        """A writer's last event number: the attribute its id names."""
+        return self.get_attributes(name, [writer_id])[writer_id]
 
     def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
         updates = check_request(updates)
         if not updates:
             raise InvalidArgument("an attribute update needs at least one update")
         op = ops.UpdateAttributes(name=name, updates=tuple(updates))
-        self._submit(op)
+        self._submit_with_attributes(op, [str(u.key) for u in updates])
         return {uuid.UUID(key): value for key, value in op.attributes.items()}
 
     def get_attributes(self, name: str, keys: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+        """Values from memory; those it lacks from the attribute index (memory wins a race)."""
         self._check_ready()
+        names = [str(k) for k in keys]
         with self.metadata.lock:
-            attributes = self.metadata.by_name(name).attributes
-            return {key: attributes.get(str(key)) for key in keys}
+            seg = self.metadata.by_name(name)
+            values = {k: seg.attributes.get(k) for k in names}
+            missing = [k for k, v in values.items() if v is None]
+            segment_id, indexed = seg.segment_id, seg.attribute_root is not None
+        if missing and indexed:
+            fetched = run_blocking(self.attributes.lookup, segment_id, missing)
+            with self.metadata.lock:
+                held = self.metadata.by_name(name).attributes
+                values.update({k: held.get(k, fetched[k]) for k in missing})
+        return {uuid.UUID(k): v for k, v in values.items()}
 
     def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
         self._check_ready()

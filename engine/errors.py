@@ -80,6 +80,13 @@ class Throttled(SegstoreError):
         self.retry_after_s = retry_after_s
 
 
+class AttributesNotLoaded(Throttled):
+    """An operation needs attribute values the metadata does not hold: fetch them, then retry.
+
+    The container retries on its own; a caller sees it only if retries run out.
+    """
+
+
 class ContainerNotReady(Throttled):
     """The container is recovering, stopped, or its Tier 1 log failed."""
 

@@ -24,6 +24,7 @@ commit answers with the first one's offset.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections import ChainMap
@@ -32,8 +33,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from engine import operations as ops
-from engine.attributes import INT64_MAX, INT64_MIN, resolve
+from engine.attributes import INT64_MAX, INT64_MIN, Preloaded, resolve
 from engine.errors import (
+    AttributesNotLoaded,
     BadOffset,
     ConditionalCheckFailed,
     InvalidArgument,
@@ -94,6 +96,15 @@ class SegmentMetadata:
     # Offsets where appends (or merges) began, sparse and sorted (replaced, never changed in place).
     boundaries: list[int] = field(default_factory=list)
     boundary_spacing: int = BOUNDARY_SPACING_MIN_BYTES
+    # The attribute index in Tier 2 (seed 001): the attribute segment's layout and
+    # length, and the B+Tree root as [offset, length, lowest live page offset].
+    attribute_chunks: list[ChunkRef] = field(default_factory=list)
+    attribute_length: int = 0
+    attribute_root: list[int] | None = None
+    # Keys changed in ``attributes`` and not yet in the index -> sequence number of the change.
+    dirty: dict[str, int] = field(default_factory=dict)
+    # How many times clean keys were evicted from ``attributes`` (see attributes.Preloaded).
+    evictions: int = 0
 
     def check(self) -> None:
         assert 0 <= self.start_offset <= self.length, self
@@ -160,6 +171,18 @@ class SegmentMetadata:
         ranges.append((start, self.length))
         return ranges
 
+    def attribute(self, key: str, preloaded: Preloaded | None) -> int | None:
+        """The key's value for validating an operation: memory, else what was fetched for it.
+
+        Raises AttributesNotLoaded when neither can tell (the caller fetches and retries).
+        """
+        value = self.attributes.get(key)
+        if value is not None or self.attribute_root is None:  # no index: memory has every value
+            return value
+        if preloaded is not None and key in preloaded.values and preloaded.evictions == self.evictions:
+            return preloaded.values[key]
+        raise AttributesNotLoaded(f"attribute {key} of segment {self.name!r} must be fetched first")
+
     def info(self) -> SegmentInfo:
         return SegmentInfo(
             name=self.name,
@@ -201,6 +224,14 @@ class SegmentMetadata:
             self.deleted = True
         elif isinstance(op, ops.UpdateAttributes):
             self.attributes.update(op.attributes)
+        elif isinstance(op, ops.UpdateAttributeIndex):
+            assert op.length >= self.attribute_length, (op.length, self.attribute_length)
+            self.attribute_chunks = layout_from_json(op.chunks)
+            self.attribute_length = op.length
+            self.attribute_root = op.root
+            if self.attribute_chunks:
+                check_layout(self.attribute_chunks, op.length, self.attribute_chunks[0].start)
+            assert op.root is None or op.root[0] + op.root[1] <= op.length, op
         elif isinstance(op, ops.UpdateLayout):
             assert op.storage_length >= self.storage_length, (op, self.storage_length)
             self.chunks = layout_from_json(op.chunks)
@@ -243,6 +274,23 @@ def merge_into(target: SegmentMetadata, source: SegmentMetadata, op: ops.MergeSe
     target.check_pending()
 
 
+def changed_attributes(op: ops.Append | ops.UpdateAttributes) -> list[str]:
+    """The attribute keys an applied operation set (a writer id is one)."""
+    keys = list(op.attributes)
+    if isinstance(op, ops.Append) and op.writer_id is not None:
+        keys.append(str(op.writer_id))
+    return keys
+
+
+def _load(seg: SegmentMetadata, preloaded: Preloaded) -> None:
+    """Keep fetched values in memory (seed 001, 1.3), never over a value memory already has."""
+    if preloaded.evictions != seg.evictions:
+        return
+    for key, value in preloaded.values.items():
+        if value is not None and key not in seg.attributes:
+            seg.attributes[key] = value
+
+
 def _shifted(chunks: Layout, by: int) -> Layout:
     return [c._replace(start=c.start + by) for c in chunks]
 
@@ -270,6 +318,8 @@ class ContainerMetadata:
         self.segments: dict[int, SegmentMetadata] = {}
         self.names: dict[str, int] = {}  # live (not deleted) names only
         self.unflushed_bytes = 0  # sum of length - storage_length over live segments
+        # Tier 2 chunks nothing names any more (a merged source's attribute index), to delete.
+        self.orphan_chunks: list[str] = []
         self.lock = threading.RLock()
 
     # --------------------------------------------------------------- lookups
@@ -305,13 +355,21 @@ class ContainerMetadata:
                 target = self.segments[op.segment_id]
                 source = self.segments.pop(op.source_id)
                 del self.names[source.name]
+                self.orphan_chunks.extend(c.name for c in source.attribute_chunks)
                 unflushed = target.length - target.storage_length + source.length - source.storage_length
                 merge_into(target, source, op)
                 self.unflushed_bytes += target.length - target.storage_length - unflushed
             elif isinstance(op, ops.SegmentOperation):
                 seg = self.segments[op.segment_id]
                 flushed = seg.storage_length
+                if isinstance(op, ops.Append | ops.UpdateAttributes) and op.preloaded is not None:
+                    _load(seg, op.preloaded)
                 seg.apply(op)
+                if isinstance(op, ops.Append | ops.UpdateAttributes):
+                    for key in changed_attributes(op):
+                        seg.dirty[key] = op.seq
+                elif isinstance(op, ops.UpdateAttributeIndex):
+                    seg.dirty = {k: seq for k, seq in seg.dirty.items() if seq > op.persisted_seq}
                 self.unflushed_bytes -= seg.storage_length - flushed
                 assert self.unflushed_bytes >= 0, self.unflushed_bytes
                 if isinstance(op, ops.Append):
@@ -319,6 +377,27 @@ class ContainerMetadata:
                 elif isinstance(op, ops.Delete):
                     del self.names[seg.name]
                     self.unflushed_bytes -= seg.length - seg.storage_length
+
+    def evict_attributes(self, max_keys: int) -> int:
+        """Drop clean attribute values (those in the index) until at most ``max_keys`` stay in memory.
+
+        Returns how many were dropped. Dirty values never leave memory.
+        """
+        with self.lock:
+            total = sum(len(s.attributes) for s in self.segments.values())
+            dropped = 0
+            for seg in self.segments.values():
+                if total - dropped <= max_keys:
+                    break
+                if seg.attribute_root is None or seg.deleted:
+                    continue
+                clean = [k for k in seg.attributes if k not in seg.dirty][: total - dropped - max_keys]
+                if clean:
+                    for key in clean:
+                        del seg.attributes[key]
+                    seg.evictions += 1
+                    dropped += len(clean)
+            return dropped
 
     def mark_sealed_in_storage(self, segment_id: int) -> None:
         with self.lock:
@@ -353,7 +432,10 @@ class ContainerMetadata:
             self.unflushed_bytes = 0
             for raw in snapshot["segments"]:
                 chunks, pending = layout_from_json(raw["chunks"]), _pending_from_json(raw["pending"])
-                seg = SegmentMetadata(**{**raw, "chunks": chunks, "pending": pending})
+                attribute_chunks = layout_from_json(raw.get("attribute_chunks", []))
+                seg = SegmentMetadata(
+                    **{**raw, "chunks": chunks, "pending": pending, "attribute_chunks": attribute_chunks}
+                )
                 seg.check()
                 check_layout(seg.chunks, seg.storage_length, seg.start_offset)
                 seg.check_pending()
@@ -472,13 +554,14 @@ class MetadataUpdater:
                     f"expected offset {op.expected_offset}, but the length is {seg.length}",
                     segment=seg.info(),
                 )
+            current = functools.partial(self._attribute, seg, op.preloaded)
             if op.writer_id is not None:
-                last = seg.attributes.get(str(op.writer_id))
+                last = current(str(op.writer_id))
                 assert op.event_number is not None
                 if last is not None and op.event_number <= last:
                     return Outcome(False, duplicate_of=last)
             if op.attribute_updates:
-                op.attributes = resolve(op.attribute_updates, seg.attributes.get, seg.info())
+                op.attributes = resolve(op.attribute_updates, current, seg.info())
                 if op.writer_id is not None and str(op.writer_id) in op.attributes:
                     raise InvalidArgument(f"attribute {op.writer_id} is the append's writer id")
             op.offset = seg.length
@@ -498,12 +581,24 @@ class MetadataUpdater:
             if seg.sealed:
                 raise SegmentSealed(f"segment {seg.name!r} is sealed", segment=seg.info())
             if op.updates:
-                op.attributes = resolve(op.updates, seg.attributes.get, seg.info())
+                current = functools.partial(self._attribute, seg, op.preloaded)
+                op.attributes = resolve(op.updates, current, seg.info())
             for key, value in op.attributes.items():
                 if not INT64_MIN <= value <= INT64_MAX:
                     raise InvalidArgument(f"attribute {key} value {value} is not an int64")
             return Outcome(True)
         return Outcome(True)
+
+    def _attribute(self, seg: SegmentMetadata, preloaded: Preloaded | None, key: str) -> int | None:
+        """A key's value in this batch: staged or committed memory, else the operation's preload.
+
+        Eviction changes the committed segment (under the lock held here), so
+        its count is read there, not from the batch's copy.
+        """
+        committed = self.base.segments[seg.segment_id]
+        if key in seg.attributes:
+            return seg.attributes[key]
+        return committed.attribute(key, preloaded)
 
     def burn_sequence_numbers(self) -> None:
         """After a failed write: sequence numbers are never reused (seed 000)."""

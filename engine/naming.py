@@ -12,7 +12,8 @@
 - Exported layouts are ``layouts/<escaped name>.json``.
 - Internal segments carry ``#`` (forbidden in user names) after their parent's
   name: transactions ``<parent>#transaction.<id>``, merge staging
-  ``<target>#merge.<nonce>``.
+  ``<target>#merge.<nonce>``. A segment's attribute index is stored in chunks
+  named for ``<name>#attributes`` (not a segment of its own).
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def transaction_name(parent: str, txid: uuid.UUID) -> str:
 def staging_name(target: str, nonce: uuid.UUID) -> str:
     """A segment in ``target``'s container that a merge from another container copies into."""
     return f"{target}#merge.{nonce}"
+
+
+def attribute_segment_name(name: str) -> str:
+    """The name the chunks of a segment's attribute index (seed 001) are stored under."""
+    return f"{name}#attributes"
 
 
 def parent_of(name: str) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from engine.attributes import AttributeUpdate
+from engine.attributes import AttributeUpdate, Preloaded
 from engine.errors import DataCorrupted
 
 _HEADER = struct.Struct(">BQI")
@@ -44,6 +44,7 @@ class OpType(IntEnum):
     CHECKPOINT = 7
     LAYOUT = 8
     MERGE = 9
+    ATTRIBUTE_INDEX = 10
 
 
 @dataclass(slots=True, kw_only=True)
@@ -100,6 +101,7 @@ class Append(SegmentOperation):
     attributes: dict[str, int] = field(default_factory=dict)
     expected_offset: int | None = field(default=None, compare=False)
     attribute_updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
+    preloaded: Preloaded | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.data is not None:
@@ -127,6 +129,7 @@ class UpdateAttributes(SegmentOperation):
 
     attributes: dict[str, int] = field(default_factory=dict)
     updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
+    preloaded: Preloaded | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -142,6 +145,22 @@ class UpdateLayout(SegmentOperation):
     chunks: list[list[Any]] = field(default_factory=list)
     storage_length: int = 0
     merged: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class UpdateAttributeIndex(SegmentOperation):
+    """The segment's attribute index after the storage writer wrote a batch to it (seed 001).
+
+    ``chunks`` is the attribute segment's Tier 2 layout (head-truncated below
+    the lowest live page), ``length`` its length, ``root`` the B+Tree root as
+    [offset, length, lowest live page offset] (None: empty). Every attribute
+    change up to sequence number ``persisted_seq`` is in the index.
+    """
+
+    chunks: list[list[Any]] = field(default_factory=list)
+    length: int = 0
+    root: list[int] | None = None
+    persisted_seq: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -181,6 +200,7 @@ _TYPES: dict[type[Operation], OpType] = {
     MetadataCheckpoint: OpType.CHECKPOINT,
     UpdateLayout: OpType.LAYOUT,
     MergeSegment: OpType.MERGE,
+    UpdateAttributeIndex: OpType.ATTRIBUTE_INDEX,
 }
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.CREATE: (
@@ -193,6 +213,10 @@ _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.ATTRIBUTES: (UpdateAttributes, ("name", "segment_id", "attributes")),
     OpType.CHECKPOINT: (MetadataCheckpoint, ("snapshot",)),
     OpType.LAYOUT: (UpdateLayout, ("name", "segment_id", "chunks", "storage_length", "merged")),
+    OpType.ATTRIBUTE_INDEX: (
+        UpdateAttributeIndex,
+        ("name", "segment_id", "chunks", "length", "root", "persisted_seq"),
+    ),
     OpType.MERGE: (
         MergeSegment,
         (

@@ -27,15 +27,16 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine import operations as ops
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import SegmentNotFound, SegstoreError
-from engine.metadata import ContainerMetadata, PendingMerge
+from engine.metadata import ContainerMetadata, PendingMerge, changed_attributes
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
+from engine.segment_attributes import SegmentAttributes
 from engine.tier2.chunk_storage import ChunkStorageError
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 _BACKOFF_MAX_S = 10.0
 # Most bytes a flush writes to Tier 2 before it commits the new layout.
 _LAYOUT_COMMIT_BYTES = 64 * 1024 * 1024
+# What one attribute value held in metadata costs in memory, roughly (key string, int, dict slot).
+ATTRIBUTE_MEMORY_BYTES = 200
 
 
 @dataclass(slots=True)
@@ -54,6 +57,10 @@ class _Aggregator:
     seal: bool = False
     truncate: bool = False
     delete: bool = False
+    # The latest value of each attribute changed since the last index write, and the
+    # sequence number of the last change (seed 001: one value per key per flush).
+    attributes: dict[str, int] = field(default_factory=dict)
+    attribute_seq: int = 0
 
 
 class StorageWriter:
@@ -67,6 +74,7 @@ class StorageWriter:
         metadata: ContainerMetadata,
         read_index: ReadIndex,
         chunked: ChunkedSegmentStorage,
+        attributes: SegmentAttributes,
         metrics: EngineMetrics,
     ) -> None:
         self.container_id = container_id
@@ -75,6 +83,7 @@ class StorageWriter:
         self.metadata = metadata
         self.read_index = read_index
         self.chunked = chunked
+        self.attributes = attributes
         self.metrics = metrics
         self._aggregators: dict[int, _Aggregator] = {}
         self._last_seq = 0
@@ -140,23 +149,33 @@ class StorageWriter:
             self._after_round()
 
     def _accept(self, op: ops.Operation) -> None:
-        if not isinstance(op, ops.Append | ops.Seal | ops.Truncate | ops.Delete | ops.MergeSegment):
+        if not isinstance(
+            op, ops.Append | ops.Seal | ops.Truncate | ops.Delete | ops.MergeSegment | ops.UpdateAttributes
+        ):
             return
         agg = self._aggregators.get(op.segment_id)
         if agg is None:
             agg = self._aggregators[op.segment_id] = _Aggregator(op.seq, time.monotonic())
+        if isinstance(op, ops.Append | ops.UpdateAttributes) and changed_attributes(op):
+            agg.attributes.update(op.attributes)
+            if isinstance(op, ops.Append) and op.writer_id is not None:
+                assert op.event_number is not None
+                agg.attributes[str(op.writer_id)] = op.event_number
+            agg.attribute_seq = op.seq
         if isinstance(op, ops.Append):
             agg.end = max(agg.end, op.offset + op.length)
         elif isinstance(op, ops.MergeSegment):
+            # The source's attributes stay with it (seed 001 keeps no rule to carry them).
             source = self._aggregators.pop(op.source_id, None)
             if source is not None:
                 agg.first_seq = min(agg.first_seq, source.first_seq)
+            self.attributes.forget(op.source_id)
             agg.end = max(agg.end, op.offset + op.length)
         elif isinstance(op, ops.Seal):
             agg.seal = True
         elif isinstance(op, ops.Truncate):
             agg.truncate = True
-        else:
+        elif isinstance(op, ops.Delete):
             agg.delete = True
 
     def _flush_due(self) -> None:
@@ -194,10 +213,14 @@ class StorageWriter:
                 return False
             name, chunks, flushed = seg.name, list(seg.chunks), seg.storage_length
             pending = list(seg.pending)
+            attribute_chunks = list(seg.attribute_chunks)
             rollover = seg.rollover_bytes or self.settings.rollover_bytes
         if agg.delete:
-            self._delete_chunks(c.name for c in [*chunks, *(c for m in pending for c in m.chunks)])
+            self._delete_chunks(
+                c.name for c in [*chunks, *(c for m in pending for c in m.chunks), *attribute_chunks]
+            )
             self.read_index.drop_segment(segment_id)
+            self.attributes.forget(segment_id)
             self.metadata.forget(segment_id)
             return True
         # Bytes are copied out of the cache a step at a time (bounded memory); the
@@ -246,6 +269,11 @@ class StorageWriter:
             chunks = kept
         if len(chunks) > self.settings.defrag_min_chunks:
             self._defrag(name, segment_id, chunks, flushed, rollover)
+        if agg.attributes:
+            self._delete_chunks(
+                self.attributes.write(segment_id, agg.attributes, agg.attribute_seq, self._commit_index)
+            )
+            agg.attributes = {}
         if agg.seal:
             self.metadata.mark_sealed_in_storage(segment_id)
         return True
@@ -300,6 +328,14 @@ class StorageWriter:
             return False
         return True
 
+    def _commit_index(self, op: ops.UpdateAttributeIndex) -> bool:
+        """Make an attribute index update durable; False if the segment is gone."""
+        try:
+            self.durable_log.add(op).result()
+        except SegmentNotFound:
+            return False
+        return True
+
     def _after_round(self) -> None:
         lowest = min((a.first_seq for a in self._aggregators.values()), default=self._last_seq + 1)
         if lowest > self._truncated_below:
@@ -307,6 +343,15 @@ class StorageWriter:
             self._truncated_below = lowest
         if self.read_index.cache.size > self.read_index.cache.max_bytes:
             self.read_index.evict(self.metadata.storage_lengths())
+        with self.metadata.lock:
+            orphans, self.metadata.orphan_chunks = self.metadata.orphan_chunks, []
+        try:
+            self._delete_chunks(orphans)
+        except (OSError, ChunkStorageError) as exc:  # the next round tries again
+            log.warning("container %d: deleting unused chunks failed: %s", self.container_id, exc)
+            with self.metadata.lock:
+                self.metadata.orphan_chunks.extend(orphans)
+        self.metadata.evict_attributes(self.settings.attribute_cache_max_bytes // ATTRIBUTE_MEMORY_BYTES)
         label = str(self.container_id)
         self.metrics.writer_lag_bytes.labels(label).set(self.metadata.unflushed_bytes)
         self.metrics.cache_bytes.labels(label).set(self.read_index.cache.size)

@@ -72,6 +72,16 @@ OTHER_OPERATIONS = [
         storage_length=2**62 + 10,
     ),
     ops.UpdateLayout(seq=10, name="s", segment_id=3, chunks=[], storage_length=7, merged=[0, 2**50]),
+    ops.UpdateAttributeIndex(
+        seq=12,
+        name="s",
+        segment_id=3,
+        chunks=[["c0/s%23attributes.3/e0000000001-o00000000000000000000-0a0b0c0d", 0, 90]],
+        length=90,
+        root=[60, 30, 0],
+        persisted_seq=11,
+    ),
+    ops.UpdateAttributeIndex(seq=13, name="s", segment_id=3, chunks=[], length=90, root=None),
     ops.MergeSegment(
         seq=11,
         name="s",
