@@ -161,3 +161,35 @@ def test_a_merged_transaction_leaves_no_index_behind(make_node: Callable[..., No
     node.store.commit_transaction("p", txid)
     node.store.flush()
     wait_until(lambda: not _attribute_chunks(node), what="the transaction's index to go")
+
+
+def test_a_value_fetched_before_an_eviction_is_fetched_again(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer value evicted between the fetch and the check must win over the fetched one."""
+    node = make_node(**TIGHT)
+    _fill(node)
+    node.store.flush()
+    wait_until(lambda: len(_held(node)) <= 8, what="eviction")
+    key = next(k for k in KEYS if str(k) not in _held(node))
+    container = node.container
+    original = container._preload
+    fetched: list[object] = []
+
+    def preload_then_race(name: str, keys: list[str]) -> object:
+        preloaded = original(name, keys)
+        fetched.append(preloaded)
+        if len(fetched) == 1:  # meanwhile: the key changes, reaches the index and is evicted again
+            monkeypatch.setattr(container, "_preload", original)
+            node.store.update_attributes("s", [AttributeUpdate(key, T.REPLACE, 20)])
+            node.store.flush()
+            container.metadata.evict_attributes(0)
+            monkeypatch.setattr(container, "_preload", preload_then_race)
+        return preloaded
+
+    monkeypatch.setattr(container, "_preload", preload_then_race)
+    with pytest.raises(ConditionalCheckFailed, match="is 20"):
+        update = AttributeUpdate(key, T.REPLACE_IF_EQUALS, 11, expected=key.int * 10)
+        node.store.update_attributes("s", [update])
+    assert len(fetched) == 2  # the stale fetch was refused and done again
+    assert node.store.get_attributes("s", [key]) == {key: 20}
