@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from engine import (
+    AttributeUpdate,
+    AttributeUpdateType,
     BadOffset,
     ContainerNotReady,
     DataCorrupted,
@@ -29,12 +31,14 @@ from engine.naming import chunk_name, layout_key, parse_chunk_name, parse_log_fi
 from tests.engine.conftest import Node, logged_operations, small_settings
 
 W1, W2 = uuid.UUID(int=11), uuid.UUID(int=12)
+K1, K2 = uuid.UUID(int=21), uuid.UUID(int=22)
 
 # Replayed: nothing reaches Tier 2, every restart replays Tier 1.
 # Truncated: everything is flushed and Tier 1 truncated before each restart.
 MODES = {
     "replayed": {"flush_threshold_ms": 60_000, "flush_threshold_bytes": 1 << 20},
-    "truncated": {"checkpoint_every_bytes": 1},
+    # ... and every attribute value in the index is evicted from memory.
+    "truncated": {"checkpoint_every_bytes": 1, "attribute_cache_max_bytes": 0},
 }
 
 
@@ -50,6 +54,7 @@ def state(store: SegmentStore) -> dict[str, Any]:
             store.read(info.name, info.start_offset, info.length).data,
             store.writer_event_number(info.name, W1),
             store.writer_event_number(info.name, W2),
+            store.get_attributes(info.name, [K1, K2]),
         )
         for info in segments
         if info.name != TICK
@@ -70,12 +75,22 @@ STEPS: list[tuple[str, Callable[[SegmentStore], object]]] = [
     ("events", lambda s: s.append("b/c", b"xyz" * 50, writer_id=W2, event_number=9, event_count=3)),
     ("seal", lambda s: s.seal("b/c")),
     ("truncate", lambda s: s.truncate("a", 700)),
+    ("attributes", lambda s: s.update_attributes("a", [_set(K1, 5), _set(K2, -1)])),
+    ("attributes again", lambda s: s.append("a", b"!", attributes=[_add(K1, 2)])),
     ("delete", lambda s: s.delete("d")),
     ("recreate", lambda s: (s.create("d"), s.append("d", b"second life"))),
     ("more", lambda s: s.append("a", os.urandom(5000))),
     ("transaction", lambda s: _commit(s, "a", os.urandom(3000))),
     ("merge", lambda s: (s.create("m"), s.append("m", os.urandom(2000)), s.seal("m"), s.merge("d", "m"))),
 ]
+
+
+def _set(key: uuid.UUID, value: int) -> AttributeUpdate:
+    return AttributeUpdate(key, AttributeUpdateType.REPLACE, value)
+
+
+def _add(key: uuid.UUID, value: int) -> AttributeUpdate:
+    return AttributeUpdate(key, AttributeUpdateType.ACCUMULATE, value)
 
 
 def _commit(store: SegmentStore, parent: str, data: bytes) -> None:
@@ -94,6 +109,10 @@ def test_state_survives_a_restart_after_every_step(make_node: Callable[..., Node
         node.restart()
         assert state(node.store) == expected, step
     assert node.store.info("d").segment_id != 3  # the first "d" was segment 3
+    if mode == "truncated":  # the attributes came from the index, not from memory
+        with node.container.metadata.lock:
+            seg = node.container.metadata.by_name("a")
+            assert seg.attribute_root is not None and str(K1) not in seg.attributes
     assert node.store.append("a", b"!", writer_id=W1, event_number=4).duplicate
     with pytest.raises(SegmentNotFound):
         node.store.info("never")
