@@ -1,0 +1,516 @@
+"""The attribute index: a copy-on-write B+Tree in an append-only attribute segment (seed 001).
+
+Keys are 16 bytes compared as bytes, values int64. The index never writes:
+``plan`` turns a batch of changes into the pages to append (children before
+parents, root last, one contiguous byte string) and the root they make; the
+caller appends them durably and records the root, then ``commit`` adopts it.
+A plan that is never committed leaves no trace: the next plan appends at the
+same recorded length.
+
+Each batch rewrites the leaves it changes and all their ancestors. A node
+that outgrows ``node_max_bytes`` splits (into even pieces, except the
+rightmost node of the tree, which is cut into full pieces and a remainder so
+that keys inserted in order fill whole pages); a changed node under a quarter
+of its capacity merges with a neighbour, or shares evenly with it when both
+do not fit in one page; the tree's rightmost node may stay under that bound
+when merging it would overflow, since in-order inserts land there. A root
+with a single child gives way to that child.
+
+Progressive compaction (seed 001, "B+Trees on Append-Only Storage"): with
+every batch the index also re-appends the page with the lowest offset that
+the batch does not rewrite anyway, found by following the lowest
+``child_min_offset`` from the root, with the ancestors the batch does not
+already rewrite. The new root's ``min_offset`` is the lowest live offset:
+everything below it may be head-truncated.
+
+Threads: ``get`` and ``items`` may run in any number of threads while one
+writer plans and commits; plans are not run concurrently with each other.
+The lock guards the root and length only; page reads happen outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from operator import itemgetter, le
+
+from engine.attribute_index.cache import NodeCache
+from engine.attribute_index.page import (
+    INT64_MAX,
+    INT64_MIN,
+    KEY_BYTES,
+    NODE_MAX_BYTES,
+    Branch,
+    Leaf,
+    Node,
+    decode,
+    encode_branch,
+    encode_leaf,
+    index_capacity,
+    leaf_capacity,
+    strictly_sorted,
+)
+from engine.errors import DataCorrupted, InvalidArgument
+
+# A child not rewritten by the plan: (page offset, page length, lowest offset in its subtree).
+Ptr = tuple[int, int, int]
+_INF = float("inf")
+# Above this many changes to one leaf, rebuild it from a dict instead of inserting one by one.
+_REBUILD_CHANGES = 64
+_first = itemgetter(0)
+
+
+@dataclass(frozen=True)
+class RootPointer:
+    """Where the root page is, and the lowest offset any live page of the tree starts at."""
+
+    offset: int
+    length: int
+    min_offset: int
+
+
+@dataclass(frozen=True)
+class IndexUpdate:
+    """The outcome of ``plan``: bytes to append at ``offset``, and the root they make.
+
+    ``obsolete`` lists the offsets of the pages the old root reaches and the
+    new one does not (an in-memory page store may drop them once committed).
+    """
+
+    offset: int
+    data: bytes
+    root: RootPointer | None
+    obsolete: tuple[int, ...] = ()
+    nodes: tuple[tuple[int, Node], ...] = field(default=(), repr=False, compare=False)
+
+
+class _DraftBranch:
+    """An index node being planned: its children are either kept pages (Ptr) or drafts."""
+
+    __slots__ = ("keys", "kids")
+
+    def __init__(self, keys: list[bytes], kids: list[Ptr | Leaf | _DraftBranch]) -> None:
+        self.keys = keys
+        self.kids = kids
+
+
+Draft = Leaf | _DraftBranch
+Kid = Ptr | Leaf | _DraftBranch
+
+
+class AttributeIndex:
+    """A B+Tree of 16-byte keys and int64 values over an append-only byte sequence read through ``read``."""
+
+    def __init__(
+        self,
+        read: Callable[[int, int], bytes],
+        root: RootPointer | None,
+        length: int,
+        *,
+        compaction: bool = True,
+        cache: NodeCache | None = None,
+        node_max_bytes: int = NODE_MAX_BYTES,
+    ) -> None:
+        if root is not None and not 0 <= root.min_offset <= root.offset < root.offset + root.length <= length:
+            raise ValueError(f"root {root} does not lie within {length} bytes")
+        if node_max_bytes > NODE_MAX_BYTES or index_capacity(node_max_bytes) < 4:
+            raise ValueError(f"node_max_bytes {node_max_bytes} out of range")
+        self._read = read
+        self._root = root
+        self._length = length
+        self.compaction = compaction
+        self._cache = cache if cache is not None else NodeCache()
+        self._namespace = object()
+        self._node_max_bytes = node_max_bytes
+        self._leaf_capacity = leaf_capacity(node_max_bytes)
+        self._index_capacity = index_capacity(node_max_bytes)
+        self._leaf_min = max(1, self._leaf_capacity // 4)
+        self._index_min = max(2, self._index_capacity // 4)
+        self._lock = threading.Lock()
+        self.page_reads = 0
+
+    @property
+    def root(self) -> RootPointer | None:
+        with self._lock:
+            return self._root
+
+    @property
+    def length(self) -> int:
+        with self._lock:
+            return self._length
+
+    # Reading.
+
+    def get(self, keys: Iterable[bytes]) -> dict[bytes, int]:
+        """The values of those of ``keys`` that are present."""
+        keys = list(keys)
+        while True:
+            with self._lock:
+                root = self._root
+            if root is None:
+                return {}
+            try:
+                return self._lookup(root, keys)
+            except Exception:
+                # A page of a root a commit has since replaced may be gone
+                # (head-truncated): look again from the new root.
+                with self._lock:
+                    if self._root is root:
+                        raise
+
+    def _lookup(self, root: RootPointer, keys: list[bytes]) -> dict[bytes, int]:
+        found: dict[bytes, int] = {}
+        fetch = self._fetch
+        for key in keys:
+            offset, length = root.offset, root.length
+            while True:
+                node = fetch(offset, length)
+                node_keys = node.keys
+                if type(node) is Leaf:
+                    i = bisect_left(node_keys, key)
+                    if i < len(node_keys) and node_keys[i] == key:
+                        found[key] = node.values[i]
+                    break
+                c = bisect_right(node_keys, key) - 1
+                if c < 0:
+                    c = 0
+                offset, length = node.offsets[c], node.lengths[c]
+        return found
+
+    def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, int]]:
+        """Every (key, value) with key >= ``start``, in key order, as of the root when called."""
+        root = self.root
+        if root is None:
+            return iter(())
+        return self._items(root.offset, root.length, start)
+
+    def _items(self, offset: int, length: int, start: bytes | None) -> Iterator[tuple[bytes, int]]:
+        node = self._fetch(offset, length)
+        if type(node) is Leaf:
+            i = 0 if start is None else bisect_left(node.keys, start)
+            yield from zip(node.keys[i:], node.values[i:], strict=True)
+            return
+        c = 0 if start is None else max(bisect_right(node.keys, start) - 1, 0)
+        for i in range(c, len(node.keys)):
+            yield from self._items(node.offsets[i], node.lengths[i], start if i == c else None)
+
+    def _fetch(self, offset: int, length: int) -> Node:
+        node = self._cache.get(self._namespace, offset)
+        if node is not None:
+            return node
+        assert offset + length <= self._length, f"page {offset}+{length} beyond {self._length}"
+        data = self._read(offset, length)
+        with self._lock:
+            self.page_reads += 1
+        if len(data) != length:
+            raise DataCorrupted(f"attribute page at {offset}: read {len(data)} bytes of {length}")
+        node = decode(bytes(data), offset)
+        self._cache.put(self._namespace, offset, node)
+        return node
+
+    # Writing.
+
+    def plan(self, changes: Mapping[bytes, int | None]) -> IndexUpdate:
+        """The pages that apply ``changes`` (key -> value, None removes), without adopting them."""
+        items = sorted(changes.items())
+        for key, value in items:
+            if type(key) is not bytes or len(key) != KEY_BYTES:
+                raise InvalidArgument(f"an attribute key is {KEY_BYTES} bytes, not {key!r}")
+            if value is not None and not (type(value) is int and INT64_MIN <= value <= INT64_MAX):
+                raise InvalidArgument(f"an attribute value is an int64, not {value!r}")
+        with self._lock:
+            root, base = self._root, self._length
+        replaced: list[int] = []
+        top: Kid | None
+        if root is None:
+            added = [(k, v) for k, v in items if v is not None]
+            leaf = Leaf([k for k, _ in added], array("q", [v for _, v in added]))
+            top = self._grow(self._split(leaf, True))
+        else:
+            kept: Ptr = (root.offset, root.length, root.min_offset)
+            pieces = self._apply(kept, items, 0, len(items), True, replaced) if items else None
+            top = kept if pieces is None else self._grow(pieces)
+            top = self._collapse(top, replaced)
+        if self.compaction and top is not None:
+            top = self._compact(top, replaced)
+        return self._emit(top, base, replaced)
+
+    def commit(self, update: IndexUpdate) -> None:
+        """Adopt ``update`` once its bytes are durably at ``update.offset``."""
+        with self._lock:
+            if update.offset != self._length:
+                raise ValueError(f"update planned at {update.offset}, the index is at {self._length}")
+        for offset, node in update.nodes:
+            self._cache.put(self._namespace, offset, node)
+        with self._lock:
+            self._root = update.root
+            self._length = update.offset + len(update.data)
+        self._cache.discard(self._namespace, update.obsolete)
+
+    def close(self) -> None:
+        """Drop this index's nodes from the (possibly shared) cache."""
+        self._cache.clear(self._namespace)
+
+    def _apply(
+        self, ptr: Ptr, items: list[tuple[bytes, int | None]], lo: int, hi: int, rightmost: bool,
+        replaced: list[int],
+    ) -> list[Draft] | None:
+        """The pieces that replace the page at ``ptr`` once ``items[lo:hi]`` apply; None if unchanged."""
+        node = self._fetch(ptr[0], ptr[1])
+        if type(node) is Leaf:
+            leaf = _changed_leaf(node, items, lo, hi)
+            if leaf is None:
+                return None
+            replaced.append(ptr[0])
+            return self._split(leaf, rightmost)
+        keys, count = node.keys, len(node.keys)
+        results: dict[int, list[Draft]] = {}
+        i = lo
+        while i < hi:
+            c = max(bisect_right(keys, items[i][0]) - 1, 0)
+            j = bisect_left(items, keys[c + 1], i, hi, key=_first) if c + 1 < count else hi
+            kid = (node.offsets[c], node.lengths[c], node.mins[c])
+            pieces = self._apply(kid, items, i, j, rightmost and c == count - 1, replaced)
+            if pieces is not None:
+                results[c] = pieces
+            i = j
+        if not results:
+            return None
+        replaced.append(ptr[0])
+        new_keys: list[bytes] = []
+        kids: list[Kid] = []
+        done = 0
+        underfull = False
+        for c, pieces in results.items():
+            new_keys += keys[done:c]
+            kids += zip(node.offsets[done:c], node.lengths[done:c], node.mins[done:c], strict=True)
+            for n, piece in enumerate(pieces):
+                # A key below every other may have entered child 0: its separator follows it down.
+                new_keys.append(piece.keys[0] if n else min(keys[c], piece.keys[0]))
+                kids.append(piece)
+                underfull |= len(piece.keys) < self._min(piece)
+            done = c + 1
+        new_keys += keys[done:]
+        kids += zip(node.offsets[done:], node.lengths[done:], node.mins[done:], strict=True)
+        if underfull:
+            self._rebalance(new_keys, kids, rightmost, replaced)
+        return self._split(_DraftBranch(new_keys, kids), rightmost)
+
+    def _rebalance(self, keys: list[bytes], kids: list[Kid], rightmost: bool, replaced: list[int]) -> None:
+        """Merge each changed child under its fill bound with a neighbour (or share evenly with it)."""
+        p = 0
+        while p < len(kids) and len(kids) > 1:
+            kid = kids[p]
+            if type(kid) is tuple or len(kid.keys) >= self._min(kid):
+                p += 1
+                continue
+            last = p == len(kids) - 1
+            left = p - 1 if last else p
+            other = kids[p - 1 if last else p + 1]
+            other_node = self._fetch(other[0], other[1]) if type(other) is tuple else other
+            a, b = (other_node, kid) if last else (kid, other_node)
+            total = len(a.keys) + len(b.keys)
+            if total > self._capacity(kid) and last and rightmost:
+                break
+            if type(other) is tuple:
+                replaced.append(other[0])
+            merged = _concat(a, b)
+            if total <= self._capacity(kid):
+                kids[left : left + 2] = [merged]
+                del keys[left + 1]
+                p = left
+            else:
+                x, y = self._pieces(merged, [total - total // 2, total // 2])
+                kids[left : left + 2] = [x, y]
+                keys[left + 1] = y.keys[0]
+                p = left + 2
+
+    def _split(self, draft: Draft, rightmost: bool) -> list[Draft]:
+        """``draft`` cut into pieces that fit a page: even ones, or full ones at the tree's right edge."""
+        count, capacity = len(draft.keys), self._capacity(draft)
+        if count <= capacity:
+            return [draft] if count else []
+        if rightmost:
+            sizes = [capacity] * (count // capacity) + ([count % capacity] if count % capacity else [])
+        else:
+            n = -(-count // capacity)
+            sizes = [count // n + (1 if i < count % n else 0) for i in range(n)]
+        return self._pieces(draft, sizes)
+
+    @staticmethod
+    def _pieces(draft: Draft, sizes: list[int]) -> list[Draft]:
+        pieces: list[Draft] = []
+        at = 0
+        for size in sizes:
+            end = at + size
+            if type(draft) is Leaf:
+                pieces.append(Leaf(draft.keys[at:end], draft.values[at:end]))
+            else:
+                pieces.append(_DraftBranch(draft.keys[at:end], draft.kids[at:end]))
+            at = end
+        assert at == len(draft.keys) and all(pieces), "pieces must cover the node"
+        return pieces
+
+    def _grow(self, pieces: list[Draft]) -> Kid | None:
+        """One root over ``pieces`` (new index levels as needed); None for no pieces."""
+        while len(pieces) > 1:
+            pieces = self._split(_DraftBranch([p.keys[0] for p in pieces], list(pieces)), True)
+        return pieces[0] if pieces else None
+
+    def _collapse(self, top: Kid | None, replaced: list[int]) -> Kid | None:
+        """The root without index levels of a single child."""
+        while top is not None:
+            node = self._fetch(top[0], top[1]) if type(top) is tuple else top
+            if type(node) is Leaf or len(node.keys) > 1:
+                return top
+            if type(top) is tuple:
+                replaced.append(top[0])
+            top = _kids_of(node)[0]
+        return None
+
+    def _compact(self, top: Kid, replaced: list[int]) -> Kid:
+        """``top`` with the lowest page it keeps, and that page's kept ancestors, turned into drafts."""
+        if type(top) is tuple:
+            top = self._draft_of(top, replaced)
+        node = top
+        while type(node) is _DraftBranch:
+            kids = node.kids
+            lows = [kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in kids]
+            low = min(lows)
+            if low == _INF:
+                break
+            best = lows.index(low)
+            kid = kids[best]
+            if type(kid) is tuple:
+                kids[best] = self._draft_of(kid, replaced)
+                if kid[0] == kid[2]:
+                    break
+            node = kids[best]
+        return top
+
+    def _draft_of(self, ptr: Ptr, replaced: list[int]) -> Draft:
+        node = self._fetch(ptr[0], ptr[1])
+        replaced.append(ptr[0])
+        if type(node) is Leaf:
+            return node
+        return _DraftBranch(list(node.keys), _kids_of(node))
+
+    def _emit(self, top: Kid | None, base: int, replaced: list[int]) -> IndexUpdate:
+        """Serialize the drafts under ``top``, children before parents, from offset ``base``."""
+        assert len(set(replaced)) == len(replaced), "a page replaced twice"
+        parts: list[bytes] = []
+        nodes: list[tuple[int, Node]] = []
+        at = base
+
+        def emit(kid: Kid) -> Ptr:
+            nonlocal at
+            if type(kid) is tuple:
+                assert kid[2] <= kid[0] < base, f"kept page {kid} not below {base}"
+                return kid
+            node: Node
+            if type(kid) is Leaf:
+                assert 0 < len(kid.keys) <= self._leaf_capacity, f"leaf of {len(kid.keys)}"
+                node = kid
+                data = encode_leaf(kid, at)
+                ptr = (at, len(data), at)
+            else:
+                ptrs = [k if type(k) is tuple else emit(k) for k in kid.kids]
+                assert 0 < len(ptrs) == len(kid.keys) <= self._index_capacity, f"index of {len(ptrs)}"
+                assert strictly_sorted(kid.keys), "index keys out of order"
+                offsets, lengths, mins = zip(*ptrs, strict=True)
+                assert max(offsets) < at and all(map(le, mins, offsets)), "a child pointer is not below"
+                node = Branch(kid.keys, array("Q", offsets), array("I", lengths), array("Q", mins))
+                data = encode_branch(node, at)
+                ptr = (at, len(data), min(mins))
+            assert len(data) <= self._node_max_bytes
+            parts.append(data)
+            nodes.append((at, node))
+            at += len(data)
+            return ptr
+
+        if top is None:
+            return IndexUpdate(base, b"", None, tuple(replaced))
+        root = RootPointer(*emit(top))
+        assert root.min_offset <= root.offset
+        return IndexUpdate(base, b"".join(parts), root, tuple(replaced), tuple(nodes))
+
+    def _capacity(self, node: Node | Draft) -> int:
+        return self._leaf_capacity if type(node) is Leaf else self._index_capacity
+
+    def _min(self, node: Node | Draft) -> int:
+        return self._leaf_min if type(node) is Leaf else self._index_min
+
+
+def _kids_of(node: Branch | _DraftBranch) -> list[Kid]:
+    if type(node) is _DraftBranch:
+        return list(node.kids)
+    return list(zip(node.offsets, node.lengths, node.mins, strict=True))
+
+
+def _concat(a: Node | Draft, b: Node | Draft) -> Draft:
+    """One draft holding the entries of ``a`` then those of ``b``, its right neighbour."""
+    assert type(a) is type(b) or Leaf not in (type(a), type(b)), "merged nodes of two kinds"
+    assert a.keys[-1] < b.keys[0], "merged nodes overlap"
+    if type(a) is Leaf:
+        return Leaf(a.keys + b.keys, a.values + b.values)
+    return _DraftBranch(a.keys + b.keys, _kids_of(a) + _kids_of(b))
+
+
+def _lowest_kept(draft: Draft) -> float:
+    """The lowest offset of a kept page under ``draft`` (infinity if it keeps none)."""
+    if type(draft) is Leaf:
+        return _INF
+    return min(kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in draft.kids)
+
+
+def _changed_leaf(node: Leaf, items: list[tuple[bytes, int | None]], lo: int, hi: int) -> Leaf | None:
+    """``node`` with ``items[lo:hi]`` applied, or None when they change nothing."""
+    keys, values = node.keys, node.values
+    if hi - lo > _REBUILD_CHANGES:
+        merged = dict(zip(keys, values, strict=True))
+        changed = False
+        for key, value in islice(items, lo, hi):
+            if value is None:
+                changed |= merged.pop(key, None) is not None
+            elif merged.get(key) != value:
+                merged[key] = value
+                changed = True
+        if not changed:
+            return None
+        new_keys = sorted(merged)
+        return Leaf(new_keys, array("q", map(merged.__getitem__, new_keys)))
+    count = len(keys)
+    updates: list[tuple[int, int]] = []
+    edits: list[tuple] = []
+    at = 0
+    for key, value in islice(items, lo, hi):
+        at = bisect_left(keys, key, at)
+        if at < count and keys[at] == key:
+            if value is None:
+                edits.append((at, 1))
+            elif values[at] != value:
+                updates.append((at, value))
+        elif value is not None:
+            edits.append((at, 0, key, value))
+    if not updates and not edits:
+        return None
+    new_values = values[:]
+    for at, value in updates:
+        new_values[at] = value
+    if not edits:
+        return Leaf(keys, new_values, node.key_bytes)
+    new_keys = keys[:]
+    # Last position first, so earlier positions stay valid; at one position
+    # the removal goes before the inserts, and larger inserted keys before smaller.
+    for edit in reversed(edits):
+        if edit[1]:
+            del new_keys[edit[0]]
+            del new_values[edit[0]]
+        else:
+            new_keys.insert(edit[0], edit[2])
+            new_values.insert(edit[0], edit[3])
+    return Leaf(new_keys, new_values)
