@@ -85,6 +85,11 @@ class Leaf:
         self._key_bytes = key_bytes
 
     @property
+    def encoded(self) -> bool:
+        """Whether this leaf's keys were already written (or read) as a page."""
+        return self._key_bytes is not None
+
+    @property
     def key_bytes(self) -> bytes:
         if self._key_bytes is None:
             self._key_bytes = b"".join(self.keys)
@@ -163,7 +168,8 @@ def decode(data: bytes, offset: int) -> Node:
     if own != offset:
         raise DataCorrupted(f"attribute page at {offset} says it was written at {own}")
     keys = list(_keys_struct(count).unpack_from(data, HEADER.size))
-    if count > 1 and not strictly_sorted(keys):
+    # Order only: that keys are unique too is asserted when a page is written.
+    if count > 1 and keys != sorted(keys):
         raise DataCorrupted(f"attribute page at {offset}: keys out of order")
     at = HEADER.size + count * KEY_BYTES
     if kind == LEAF:

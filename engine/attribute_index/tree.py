@@ -414,6 +414,7 @@ class AttributeIndex:
             node: Node
             if type(kid) is Leaf:
                 assert 0 < len(kid.keys) <= self._leaf_capacity, f"leaf of {len(kid.keys)}"
+                assert kid.encoded or strictly_sorted(kid.keys), "leaf keys out of order"
                 node = kid
                 data = encode_leaf(kid, at)
                 ptr = (at, len(data), at)

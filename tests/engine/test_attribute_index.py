@@ -364,3 +364,27 @@ def test_lookups_during_updates_see_one_whole_batch() -> None:
         t.join()
     assert not errors
     assert set(index.get(keys).values()) == {149}
+
+
+def test_each_batch_moves_the_lowest_page_with_its_ancestors() -> None:
+    """Seed 001's progressive compaction: an empty batch still re-appends the lowest page, and its path."""
+    segment = Segment()
+    index = AttributeIndex(segment.read, None, 0, node_max_bytes=SMALL_NODE_BYTES)
+    apply(index, segment, {key(i): i for i in range(60)})  # three levels of 7-entry leaves
+    for _ in range(20):
+        root = index.root
+        assert root is not None
+        update = index.plan({})
+        assert root.min_offset in update.obsolete and root.offset in update.obsolete
+        assert update.root is not None and update.root.min_offset > root.min_offset
+        height, _ = check_tree(segment, root, SMALL_NODE_BYTES)
+        assert len(update.obsolete) == height  # the page and each ancestor, once
+        segment.write(update)
+        index.commit(update)
+    assert dict(index.items()) == {key(i): i for i in range(60)}
+
+    plain = AttributeIndex(
+        segment.read, index.root, index.length, compaction=False, node_max_bytes=SMALL_NODE_BYTES
+    )
+    update = plain.plan({})
+    assert update.data == b"" and update.root == index.root
