@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from app import errors, ops, segments
+from app import auth, errors, ops, s3, segments
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -23,7 +23,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     store.start()
     app.extensions["segstore"] = store
     errors.register_error_handlers(app)
+    auth.install(app, settings)
     ops.install_request_metrics(app, store.registry)
     app.register_blueprint(ops.bp)
     app.register_blueprint(segments.bp)
+    # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
+    app.register_blueprint(s3.bp)
     return app

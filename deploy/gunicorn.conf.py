@@ -5,9 +5,28 @@ off, so the arbiter never opens the data directory) and closed when the
 worker exits. SIGTERM drains requests for up to ``graceful_timeout`` seconds.
 """
 
-from engine import load_settings
+from engine import Settings, load_settings
+
+
+def unauthenticated_bind_refusal(settings: Settings) -> str | None:
+    """Why the server must not start (an open bind with auth off), or None when it may.
+
+    With no ``auth_file`` anyone who reaches the port may read, write and
+    delete every segment; that is only allowed on loopback unless
+    ``allow_unauthenticated=1`` says the network in front is trusted.
+    """
+    if settings.auth_file or settings.allow_unauthenticated or settings.bind_is_loopback:
+        return None
+    return (
+        f"refusing to bind {settings.bind} with auth off: set SEGSTORE_AUTH_FILE, bind to loopback, "
+        "or set SEGSTORE_ALLOW_UNAUTHENTICATED=1"
+    )
+
 
 _settings = load_settings()
+_refusal = unauthenticated_bind_refusal(_settings)
+if _refusal is not None:
+    raise SystemExit(_refusal)
 
 bind = [_settings.bind]
 workers = 1

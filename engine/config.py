@@ -9,6 +9,7 @@ the field names) and then ``SEGSTORE_<FIELD>`` variables, e.g.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -85,6 +86,18 @@ class Settings:
             raise InvalidArgument("setting container_count must be at least 1")
         if self.max_frame_bytes < 4096:
             raise InvalidArgument("setting max_frame_bytes must be at least 4096")
+
+    @property
+    def bind_is_loopback(self) -> bool:
+        """True for ``127.x.x.x:port``, ``localhost:port``, ``[::1]:port`` and unix sockets."""
+        if self.bind.startswith("unix:"):
+            return True
+        host = self.bind.rpartition(":")[0] if self.bind.count(":") == 1 or "]" in self.bind else self.bind
+        host = host.strip("[]")
+        try:
+            return host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
 
     @property
     def data_path(self) -> Path:

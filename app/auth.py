@@ -1,0 +1,246 @@
+"""Access control for both surfaces: who is asking, and whether a grant covers the request.
+
+Principals come from two places:
+
+- bearer tokens, from the TOML file named by ``auth_file``
+  (``SEGSTORE_AUTH_FILE``)::
+
+      [[token]]
+      name = "ingest"                       # what logs and errors show; never the token
+      token = "a-long-random-string"
+      grants = [{prefix = "sensors/", access = "write"}]
+
+      [[s3_key]]
+      access_key = "AKIAEXAMPLE"            # a key of SEGSTORE_S3_KEYS
+      grants = [{prefix = "bucket/", access = "read"}]
+
+- S3 access keys, from ``s3_keys`` (``access:secret,...``); a key without an
+  ``[[s3_key]]`` entry has admin on everything when there is no auth file,
+  and no grant when there is one.
+
+A grant gives ``read``, ``write`` or ``admin`` (each includes the ones before
+it) on every segment name that starts with its prefix (``""``: all names).
+Native routes need read for GET/HEAD and write for every other method; a
+merge needs write on its target and on its source (the merge deletes the
+source). A listing needs read on its whole ``prefix``: a grant whose prefix
+starts the requested one (otherwise 403; listings are not filtered).
+``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
+token. This module is the one place that decides 401 and 403; tokens are
+compared in constant time and never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import io
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flask import Flask, Request, current_app, request
+
+from engine import InvalidArgument, SegstoreError, Settings
+
+_MERGE_BODY_MAX_BYTES = 64 * 1024
+_OPEN_PATHS = ("/healthz", "/readyz")
+# Native routes whose path names a segment (or stream) after the prefix.
+_NAMED_ROUTES = ("/v1/segments/", "/v1/stream/")
+
+
+class Access(enum.IntEnum):
+    """What a grant allows; a larger value includes the smaller ones."""
+
+    READ = 1
+    WRITE = 2
+    ADMIN = 3
+
+
+class Unauthorized(SegstoreError):
+    """No credentials, or credentials that name no principal (401)."""
+
+    code = "Unauthorized"
+
+
+class Forbidden(SegstoreError):
+    """Known credentials whose grants do not cover the request (403)."""
+
+    code = "Forbidden"
+
+
+@dataclass(frozen=True)
+class Grant:
+    prefix: str
+    access: Access
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A token holder or an S3 access key: a display name and grants."""
+
+    name: str
+    grants: tuple[Grant, ...] = field(default=())
+
+    def allows(self, access: Access, name: str) -> bool:
+        """True when one grant covers ``name`` (a segment name or name prefix) at ``access``."""
+        return any(g.access >= access and name.startswith(g.prefix) for g in self.grants)
+
+    def touches(self, prefix: str) -> bool:
+        """True when some grant reaches a name under ``prefix`` (or the prefix itself)."""
+        return any(g.prefix.startswith(prefix) or prefix.startswith(g.prefix) for g in self.grants)
+
+
+ADMIN_ALL = (Grant("", Access.ADMIN),)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Everything auth needs, loaded once per app."""
+
+    tokens: tuple[tuple[bytes, Principal], ...]  # (SHA-256 of the token, principal)
+    s3_secrets: dict[str, str]
+    s3_principals: dict[str, Principal]
+    native_enabled: bool
+    loopback: bool
+
+    @property
+    def s3_anonymous(self) -> bool:
+        """No S3 keys and no auth file, bound to loopback: the S3 surface serves anyone local."""
+        return not self.s3_secrets and not self.native_enabled and self.loopback
+
+    def bearer(self, token: str) -> Principal | None:
+        """The principal of ``token``: every configured token is compared, in constant time."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        found = None
+        for known, principal in self.tokens:
+            if hmac.compare_digest(known, digest):
+                found = principal
+        return found
+
+
+def _grants(entry: dict, where: str) -> tuple[Grant, ...]:
+    grants = []
+    for raw in entry.get("grants", []):
+        if not isinstance(raw, dict) or not isinstance(raw.get("prefix"), str):
+            raise InvalidArgument(f'{where}: each grant is {{prefix = "...", access = "read|write|admin"}}')
+        try:
+            access = Access[str(raw.get("access", "")).upper()]
+        except KeyError:
+            raise InvalidArgument(f"{where}: access must be read, write or admin") from None
+        grants.append(Grant(raw["prefix"], access))
+    return tuple(grants)
+
+
+def parse_s3_keys(text: str) -> dict[str, str]:
+    """``access:secret,...`` as a dict; whitespace around items is ignored."""
+    keys = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        access, colon, secret = item.partition(":")
+        if not colon or not access or not secret:
+            raise InvalidArgument("setting s3_keys is access:secret,... ; an item lacks its secret")
+        keys[access] = secret
+    return keys
+
+
+def load_auth(settings: Settings) -> AuthConfig:
+    """Read ``auth_file`` (if set) and ``s3_keys`` into an ``AuthConfig``."""
+    secrets = parse_s3_keys(settings.s3_keys)
+    tokens: list[tuple[bytes, Principal]] = []
+    s3_principals: dict[str, Principal] = {}
+    if settings.auth_file:
+        raw = tomllib.loads(Path(settings.auth_file).read_text())
+        for i, entry in enumerate(raw.get("token", [])):
+            token = entry.get("token")
+            if not isinstance(token, str) or len(token) < 16:
+                raise InvalidArgument(f"{settings.auth_file}: token #{i + 1} needs a token of 16+ characters")
+            principal = Principal(
+                str(entry.get("name", f"token#{i + 1}")), _grants(entry, settings.auth_file)
+            )
+            tokens.append((hashlib.sha256(token.encode("utf-8")).digest(), principal))
+        for entry in raw.get("s3_key", []):
+            access_key = entry.get("access_key")
+            if not isinstance(access_key, str):
+                raise InvalidArgument(f"{settings.auth_file}: each [[s3_key]] needs access_key")
+            s3_principals[access_key] = Principal(access_key, _grants(entry, settings.auth_file))
+    else:
+        s3_principals = {key: Principal(key, ADMIN_ALL) for key in secrets}
+    return AuthConfig(
+        tokens=tuple(tokens),
+        s3_secrets=secrets,
+        s3_principals={key: s3_principals.get(key, Principal(key)) for key in secrets},
+        native_enabled=bool(settings.auth_file),
+        loopback=settings.bind_is_loopback,
+    )
+
+
+def config() -> AuthConfig:
+    return current_app.extensions["segstore.auth"]
+
+
+def require(principal: Principal, access: Access, name: str, what: str | None = None) -> None:
+    """Raise Forbidden unless ``principal`` has ``access`` on ``name``."""
+    if not principal.allows(access, name):
+        raise Forbidden(f"{principal.name} may not {access.name.lower()} {what or repr(name)}")
+
+
+def _bearer_principal(req: Request) -> Principal:
+    header = req.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("this server needs Authorization: Bearer <token>")
+    principal = config().bearer(token.strip())
+    if principal is None:
+        raise Unauthorized("the bearer token is not known")
+    return principal
+
+
+def _merge_source(req: Request) -> str | None:
+    """The ``source`` of a merge body, read ahead of the view; the body is put back for it."""
+    stream = req.environ["wsgi.input"]
+    length = req.content_length
+    data = stream.read(
+        _MERGE_BODY_MAX_BYTES + 1 if length is None else min(length, _MERGE_BODY_MAX_BYTES + 1)
+    )
+    req.environ["wsgi.input"] = io.BytesIO(data)
+    req.environ["CONTENT_LENGTH"] = str(len(data))
+    req.environ.pop("HTTP_TRANSFER_ENCODING", None)
+    try:
+        source = json.loads(data).get("source")
+    except (ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
+def _native_check() -> None:
+    """before_request: 401/403 for native routes when auth is on (S3 routes check their own)."""
+    path = request.path
+    auth = config()
+    if not auth.native_enabled or path in _OPEN_PATHS or request.method == "OPTIONS":
+        return
+    if path != "/metrics" and not path.startswith("/v1/"):
+        return  # the S3 surface (the bucket "v1" is reserved)
+    principal = _bearer_principal(request)
+    if path == "/v1/segments":
+        prefix = request.args.get("prefix", "")
+        require(principal, Access.READ, prefix, f"list names starting with {prefix!r}")
+        return
+    for route in _NAMED_ROUTES:
+        if path.startswith(route):
+            name, _, custom = path.removeprefix(route).partition(":")
+            break
+    else:
+        return  # /metrics and unrouted paths: any valid token
+    access = Access.READ if request.method in ("GET", "HEAD") else Access.WRITE
+    require(principal, access, name)
+    if custom == "merge" and request.method == "POST":
+        source = _merge_source(request)
+        if source is not None:
+            require(principal, Access.WRITE, source, f"merge away {source!r}")
+
+
+def install(app: Flask, settings: Settings) -> None:
+    """Load the auth configuration into ``app`` and check every native request before its view."""
+    app.extensions["segstore.auth"] = load_auth(settings)
+    app.before_request(_native_check)

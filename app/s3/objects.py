@@ -1,0 +1,227 @@
+"""Objects and buckets as segments, composed from the engine's public calls (no storage logic).
+
+Layout, all in ordinary segment names so nothing here needs engine support:
+
+- object ``key`` of bucket ``b`` is the segment ``b/key``;
+- bucket ``b`` exists when the empty sealed segment ``.s3/buckets/b`` does
+  (``.s3`` is not a valid bucket name, so it never collides with an object);
+- a single-part object's ETag (the MD5 of its bytes, computed while the
+  upload streamed) is kept in ``.s3/etags/b/key`` as a JSON line
+  ``{"id": segment id, "length": n, "etag": hex}``. It only counts while the
+  object's segment id and length still match: a segment written or replaced
+  through the native API gets a derived ETag ``<md5 of id:length>-1``
+  instead, never a wrong MD5. HEAD reads this record, never the object;
+- a PutObject stages its bytes in ``.s3/staging/<uuid>`` and a multipart
+  upload collects its parts in ``.s3/uploads/<upload id>``; both names are
+  picked in the target's container, so publishing them is a metadata-only
+  merge, whatever the object's size.
+
+Publishing (``publish``) under a per-key lock: [delete the old object],
+create it empty, merge the sealed staging segment into it, seal it, write
+the ETag record. A reader in between sees NoSuchKey or an empty object for
+the few milliseconds of three log operations; it never sees a mix of old and
+new bytes, nor a half-written upload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import threading
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator
+
+from app.s3.errors import S3Error
+from engine import (
+    InvalidName,
+    SegmentExists,
+    SegmentInfo,
+    SegmentNotFound,
+    SegmentStore,
+    SegstoreError,
+    validate_segment_name,
+)
+
+META = ".s3"
+RESERVED_BUCKETS = frozenset({"v1", "healthz", "readyz", "metrics"})
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
+_locks_guard = threading.Lock()
+
+
+def key_lock(name: str) -> threading.Lock:
+    """One lock per object name while anyone holds it: publishes of one key never interleave.
+
+    One worker process owns the data directory, so a process-local lock is enough.
+    """
+    with _locks_guard:
+        lock = _locks.get(name)
+        if lock is None:
+            lock = threading.Lock()
+            _locks[name] = lock
+        return lock
+
+
+def check_bucket_name(bucket: str) -> None:
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket or bucket in RESERVED_BUCKETS:
+        raise S3Error("InvalidBucketName", f"The specified bucket is not valid: {bucket!r}")
+
+
+def object_name(bucket: str, key: str) -> str:
+    """The segment of ``bucket``/``key``; keys a segment name cannot hold are refused (400)."""
+    if not key:
+        raise S3Error("InvalidArgument", "an object key is at least one character")
+    name = f"{bucket}/{key}"
+    if len(name.encode("utf-8", "surrogatepass")) > 1024:
+        raise S3Error("KeyTooLongError", "Your key is too long.")
+    try:
+        return validate_segment_name(name)
+    except InvalidName as err:
+        raise S3Error("InvalidArgument", f"key {key!r} cannot name a segment: {err.detail}") from None
+
+
+def bucket_marker(bucket: str) -> str:
+    return f"{META}/buckets/{bucket}"
+
+
+def etag_record_name(name: str) -> str | None:
+    """Where the ETag of object segment ``name`` is kept (None: the name would be too long)."""
+    record = f"{META}/etags/{name}"
+    return record if len(record.encode()) <= 1024 else None
+
+
+def colocated(store: SegmentStore, kind: str, target: str) -> str:
+    """A fresh ``.s3/<kind>/<uuid>`` name in ``target``'s container (a merge then copies nothing)."""
+    want = store.container_of(target)
+    while True:
+        name = f"{META}/{kind}/{uuid.uuid4().hex}"
+        if store.container_of(name) == want:
+            return name
+
+
+def require_bucket(store: SegmentStore, bucket: str) -> SegmentInfo:
+    try:
+        check_bucket_name(bucket)
+        return store.info(bucket_marker(bucket))
+    except (SegmentNotFound, S3Error):
+        raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
+
+
+def list_all(store: SegmentStore, prefix: str, after: str | None = None) -> Iterator[SegmentInfo]:
+    """Every segment under ``prefix`` in name order, a page at a time."""
+    while True:
+        page, after = store.list(prefix, after=after, limit=1000)
+        yield from page
+        if after is None:
+            return
+
+
+def derived_etag(info: SegmentInfo) -> str:
+    """The ETag of an object without a valid MD5 record: stable while its bytes are, never an MD5."""
+    return hashlib.md5(f"{info.segment_id}:{info.length}".encode()).hexdigest() + "-1"
+
+
+def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
+    """The object's ETag: its recorded MD5 if the record is about these bytes, else the derived one."""
+    record_name = etag_record_name(info.name)
+    if record_name is not None:
+        with contextlib.suppress(SegstoreError, ValueError):
+            data = store.read(record_name).data
+            record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+            if record["id"] == info.segment_id and record["length"] == info.length:
+                return str(record["etag"])
+    return derived_etag(info)
+
+
+def write_etag(store: SegmentStore, info: SegmentInfo, etag: str) -> None:
+    """Record ``etag`` for the object ``info`` describes; the record keeps only its last line."""
+    record_name = etag_record_name(info.name)
+    if record_name is None:
+        return
+    line = json.dumps({"id": info.segment_id, "length": info.length, "etag": etag}).encode() + b"\n"
+    with contextlib.suppress(SegmentExists):
+        store.create(record_name)
+    result = store.append(record_name, line)
+    assert result.offset is not None
+    store.truncate(record_name, result.offset)
+
+
+def drop_etag(store: SegmentStore, name: str) -> None:
+    record_name = etag_record_name(name)
+    if record_name is not None:
+        with contextlib.suppress(SegmentNotFound):
+            store.delete(record_name)
+
+
+def stage(store: SegmentStore, target: str, pieces: Iterable[bytes]) -> str:
+    """Write ``pieces`` into a new staging segment beside ``target``; returns its name (unsealed)."""
+    staging = colocated(store, "staging", target)
+    store.create(staging)
+    try:
+        for piece in pieces:
+            store.append(staging, piece)
+    except BaseException:
+        discard(store, staging)
+        raise
+    return staging
+
+
+def discard(store: SegmentStore, name: str) -> None:
+    with contextlib.suppress(SegstoreError):
+        store.delete(name)
+
+
+def publish(
+    store: SegmentStore,
+    target: str,
+    staging: str,
+    etag: str,
+    *,
+    if_none_match: bool = False,
+    if_match: str | None = None,
+) -> SegmentInfo:
+    """Make the sealed ``staging`` segment the object ``target`` (replacing it) and record its ETag.
+
+    ``if_none_match``: only if there is no such object; ``if_match``: only if
+    the current object has that ETag. Either failing: PreconditionFailed, and
+    the staging segment is dropped.
+    """
+    try:
+        store.seal(staging)
+        with key_lock(target):
+            try:
+                current = store.info(target)
+            except SegmentNotFound:
+                current = None
+            if if_none_match and current is not None:
+                raise S3Error(
+                    "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"
+                )
+            if if_match is not None and (current is None or etag_of(store, current) != if_match.strip('"')):
+                if current is None:
+                    raise S3Error("NoSuchKey", "The specified key does not exist.")
+                raise S3Error(
+                    "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"
+                )
+            if current is not None:
+                store.delete(target)
+            store.create(target)
+            merged = store.merge(target, staging)
+            assert merged.offset == 0, "a fresh object segment must be empty when its bytes merge in"
+            info = store.seal(target)
+            write_etag(store, info, etag)
+            return info
+    except BaseException:
+        discard(store, staging)
+        raise
+
+
+def delete_object(store: SegmentStore, name: str) -> None:
+    """Delete the object and its ETag record; a missing object is fine (S3 answers 204 alike)."""
+    with key_lock(name):
+        with contextlib.suppress(SegmentNotFound):
+            store.delete(name)
+        drop_etag(store, name)

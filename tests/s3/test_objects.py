@@ -1,0 +1,210 @@
+"""The S3 surface through boto3 against a real server: objects, listings, conditions, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+import pytest
+import requests
+from botocore.exceptions import ClientError
+
+from tests.s3.conftest import READER_KEY, READER_SECRET, TOKEN, make_client
+from tests.serverproc import ServerProcess
+
+
+def _code(err: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
+    response = err.value.response
+    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_put_get_head_round_trip_with_md5_etag(s3: Any, bucket: str) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    put = s3.put_object(Bucket=bucket, Key="dir/obj.bin", Body=data)
+    md5 = hashlib.md5(data).hexdigest()
+    assert put["ETag"] == f'"{md5}"'
+    head = s3.head_object(Bucket=bucket, Key="dir/obj.bin")
+    assert head["ContentLength"] == len(data)
+    assert head["ETag"] == f'"{md5}"'
+    assert head["LastModified"] is not None
+    assert s3.get_object(Bucket=bucket, Key="dir/obj.bin")["Body"].read() == data
+
+
+def test_put_replaces_an_existing_object(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=b"first version, longer")
+    s3.put_object(Bucket=bucket, Key="k", Body=b"second")
+    got = s3.get_object(Bucket=bucket, Key="k")
+    assert got["Body"].read() == b"second"
+    assert got["ETag"] == f'"{hashlib.md5(b"second").hexdigest()}"'
+
+
+def test_ranged_get_and_invalid_range(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="r", Body=b"0123456789")
+    part = s3.get_object(Bucket=bucket, Key="r", Range="bytes=2-5")
+    assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
+    assert part["ContentRange"] == "bytes 2-5/10"
+    assert part["Body"].read() == b"2345"
+    assert s3.get_object(Bucket=bucket, Key="r", Range="bytes=-3")["Body"].read() == b"789"
+    assert s3.get_object(Bucket=bucket, Key="r", Range="bytes=7-")["Body"].read() == b"789"
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="r", Range="bytes=10-20")
+    assert _code(err) == ("InvalidRange", 416)
+
+
+def test_get_conditions(s3: Any, bucket: str) -> None:
+    etag = s3.put_object(Bucket=bucket, Key="c", Body=b"abc")["ETag"]
+    assert s3.get_object(Bucket=bucket, Key="c", IfMatch=etag)["Body"].read() == b"abc"
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="c", IfMatch='"0000"')
+    assert _code(err) == ("PreconditionFailed", 412)
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="c", IfNoneMatch=etag)
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+
+
+def test_if_none_match_star_refuses_an_existing_key(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="once", Body=b"a", IfNoneMatch="*")
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=bucket, Key="once", Body=b"b", IfNoneMatch="*")
+    assert _code(err) == ("PreconditionFailed", 412)
+    assert s3.get_object(Bucket=bucket, Key="once")["Body"].read() == b"a"
+
+
+def test_write_offset_appends(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="log", Body=b"hello", WriteOffsetBytes=0)
+    s3.put_object(Bucket=bucket, Key="log", Body=b" world", WriteOffsetBytes=5)
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=bucket, Key="log", Body=b"!", WriteOffsetBytes=3)
+    assert _code(err) == ("InvalidWriteOffset", 400)
+    assert s3.get_object(Bucket=bucket, Key="log")["Body"].read() == b"hello world"
+    s3.put_object(Bucket=bucket, Key="sealed", Body=b"x")
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=bucket, Key="sealed", Body=b"y", WriteOffsetBytes=1)
+    assert _code(err) == ("InvalidRequest", 400)
+
+
+def test_missing_key_bucket_and_delete(s3: Any, bucket: str) -> None:
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="nope")
+    assert _code(err) == ("NoSuchKey", 404)
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket="no-such-bucket", Key="k")
+    assert _code(err) == ("NoSuchBucket", 404)
+    s3.put_object(Bucket=bucket, Key="gone", Body=b"x")
+    s3.delete_object(Bucket=bucket, Key="gone")
+    s3.delete_object(Bucket=bucket, Key="gone")  # deleting a missing key is fine, as on S3
+    with pytest.raises(ClientError) as err:
+        s3.head_object(Bucket=bucket, Key="gone")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_buckets_create_list_head_delete(s3: Any) -> None:
+    s3.create_bucket(Bucket="bucket-life")
+    with pytest.raises(ClientError) as err:
+        s3.create_bucket(Bucket="bucket-life")
+    assert _code(err) == ("BucketAlreadyOwnedByYou", 409)
+    assert "bucket-life" in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.head_bucket(Bucket="bucket-life")
+    s3.put_object(Bucket="bucket-life", Key="x", Body=b"1")
+    with pytest.raises(ClientError) as err:
+        s3.delete_bucket(Bucket="bucket-life")
+    assert _code(err) == ("BucketNotEmpty", 409)
+    s3.delete_object(Bucket="bucket-life", Key="x")
+    s3.delete_bucket(Bucket="bucket-life")
+    assert "bucket-life" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    with pytest.raises(ClientError) as err:
+        s3.create_bucket(Bucket="Bad_Name")
+    assert _code(err) == ("InvalidBucketName", 400)
+
+
+def test_delete_objects(s3: Any, bucket: str) -> None:
+    for key in ("d/1", "d/2", "d/3"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    result = s3.delete_objects(
+        Bucket=bucket, Delete={"Objects": [{"Key": "d/1"}, {"Key": "d/3"}, {"Key": "d/missing"}]}
+    )
+    assert sorted(d["Key"] for d in result["Deleted"]) == ["d/1", "d/3", "d/missing"]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert keys == ["d/2"]
+
+
+def test_list_objects_v2_pages_with_delimiter(s3: Any, bucket: str) -> None:
+    keys = ["a.txt", "b/1", "b/2", "c/x/1", "c/y", "d.txt", "e/1", "f.txt"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    pages = list(
+        s3.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Delimiter="/", PaginationConfig={"PageSize": 2}
+        )
+    )
+    assert len(pages) == 3
+    assert all(p["KeyCount"] <= 2 for p in pages)
+    contents = [o["Key"] for p in pages for o in p.get("Contents", [])]
+    prefixes = [c["Prefix"] for p in pages for c in p.get("CommonPrefixes", [])]
+    assert contents == ["a.txt", "d.txt", "f.txt"]
+    assert prefixes == ["b/", "c/", "e/"]
+    under_c = s3.list_objects_v2(Bucket=bucket, Prefix="c/", Delimiter="/")
+    assert [o["Key"] for o in under_c["Contents"]] == ["c/y"]
+    assert [c["Prefix"] for c in under_c["CommonPrefixes"]] == ["c/x/"]
+    flat = s3.list_objects_v2(Bucket=bucket, StartAfter="c/y")
+    assert [o["Key"] for o in flat["Contents"]] == ["d.txt", "e/1", "f.txt"]
+    assert flat["Contents"][0]["Size"] == len(b"d.txt")
+
+
+def test_wrong_secret_is_signature_does_not_match(s3_server: ServerProcess, bucket: str) -> None:
+    bad = make_client(s3_server.url, secret="not-the-secret")
+    with pytest.raises(ClientError) as err:
+        bad.list_objects_v2(Bucket=bucket)
+    assert _code(err) == ("SignatureDoesNotMatch", 403)
+    unknown = make_client(s3_server.url, access="AKIDUNKNOWN")
+    with pytest.raises(ClientError) as err:
+        unknown.list_buckets()
+    assert _code(err) == ("InvalidAccessKeyId", 403)
+
+
+def test_unsigned_request_is_denied(s3_server: ServerProcess, bucket: str) -> None:
+    response = requests.get(f"{s3_server.url}/{bucket}?list-type=2", timeout=10)
+    assert response.status_code == 403
+    assert b"<Code>AccessDenied</Code>" in response.content
+
+
+def test_presigned_get_and_expiry(s3: Any, s3_server: ServerProcess, bucket: str) -> None:
+    """Presigned URLs in the SigV4 form (botocore presigns with SigV2 unless told; V2 is refused)."""
+    s3.put_object(Bucket=bucket, Key="shared.bin", Body=b"presigned bytes")
+    v2_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"})
+    assert requests.get(v2_url, timeout=10).status_code == 403
+    s3 = make_client(s3_server.url, signature_version="s3v4")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=60)
+    response = requests.get(url, timeout=10)
+    assert response.status_code == 200
+    assert response.content == b"presigned bytes"
+    tampered = url.replace("shared.bin", "other.bin")
+    assert requests.get(tampered, timeout=10).status_code == 403
+    expired = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=1)
+    time.sleep(2.1)
+    response = requests.get(expired, timeout=10)
+    assert response.status_code == 403
+    assert b"<Code>AccessDenied</Code>" in response.content
+    assert b"expired" in response.content
+
+
+def test_grants_of_an_access_key(s3: Any, s3_server: ServerProcess) -> None:
+    s3.create_bucket(Bucket="shared")
+    s3.put_object(Bucket="shared", Key="doc", Body=b"readable")
+    reader = make_client(s3_server.url, access=READER_KEY, secret=READER_SECRET)
+    assert reader.get_object(Bucket="shared", Key="doc")["Body"].read() == b"readable"
+    with pytest.raises(ClientError) as err:
+        reader.put_object(Bucket="shared", Key="doc", Body=b"overwrite")
+    assert _code(err) == ("AccessDenied", 403)
+    assert [b["Name"] for b in reader.list_buckets()["Buckets"]] == ["shared"]
+
+
+def test_objects_are_segments_on_the_native_api(s3: Any, s3_server: ServerProcess, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="scope/stream", Body=b"native view")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    response = requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", headers=headers, timeout=10)
+    assert response.content == b"native view"
+    assert response.headers["Segment-Sealed"] == "true"
+    assert requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", timeout=10).status_code == 401
