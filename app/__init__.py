@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from app import auth, errors, ops, s3, segments
+from app import auth, errors, ops, s3, segments, streams
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -27,6 +27,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     ops.install_request_metrics(app, store.registry)
     app.register_blueprint(ops.bp)
     app.register_blueprint(segments.bp)
+    streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     app.register_blueprint(s3.bp)
     return app

@@ -25,6 +25,22 @@ from engine.errors import (
 )
 from engine.naming import validate_segment_name
 from engine.store import SegmentStore
+from engine.streams import (
+    MAX_PRODUCER_EPOCH,
+    MAX_PRODUCER_SEQ,
+    AppendOutcome,
+    Producer,
+    StreamClosed,
+    StreamConflict,
+    StreamGone,
+    StreamInfo,
+    StreamNotFound,
+    StreamRead,
+    StreamStore,
+    is_json,
+    normalize_content_type,
+    validate_expires_at,
+)
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
@@ -55,4 +71,19 @@ __all__ = [
     "Throttled",
     "load_settings",
     "validate_segment_name",
+    # Durable Streams (engine/streams.py)
+    "MAX_PRODUCER_EPOCH",
+    "MAX_PRODUCER_SEQ",
+    "AppendOutcome",
+    "Producer",
+    "StreamClosed",
+    "StreamConflict",
+    "StreamGone",
+    "StreamInfo",
+    "StreamNotFound",
+    "StreamRead",
+    "StreamStore",
+    "is_json",
+    "normalize_content_type",
+    "validate_expires_at",
 ]
