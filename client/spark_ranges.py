@@ -22,6 +22,7 @@ Each GET asks for at most ``read_bytes`` (the server's ``max_read_bytes`` is
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from client.segment_client import SegmentClient
 HEADER_BYTES = 4
 FRAMINGS = ("length_prefixed", "lines", "raw")
 DEFAULT_READ_BYTES = 8 * 1024 * 1024
+_HEADER = struct.Struct(">I")
 SCHEMA = pa.schema([("segment", pa.string()), ("offset", pa.int64()), ("value", pa.binary())])
 
 
@@ -54,33 +56,44 @@ class ByteRange:
     limit: int | None = None
 
 
-def to_batch(segment: str, offsets: list[int], values: list[bytes]) -> pa.RecordBatch:
+def to_batch(segment: str, offsets: list[int], values: list[bytes] | pa.Array) -> pa.RecordBatch:
     """The rows ``(segment, offset, value)`` as one record batch."""
     return pa.RecordBatch.from_arrays(
         [
             pa.array([segment] * len(offsets), pa.string()),
             pa.array(offsets, pa.int64()),
-            pa.array(values, pa.binary()),
+            values if isinstance(values, pa.Array) else pa.array(values, pa.binary()),
         ],
         schema=SCHEMA,
     )
 
 
-def split_frames(data: bytes | bytearray, base: int) -> tuple[list[int], list[bytes], int]:
-    """Complete length-prefixed frames at the head of ``data``: their offsets, payloads, bytes used."""
+def split_frames(data: bytes, base: int) -> tuple[list[int], pa.Array, int]:
+    """Complete length-prefixed frames at the head of ``data``: their offsets, payloads, bytes used.
+
+    Only the headers are walked in Python. The payloads are cut out by Arrow:
+    ``data`` is seen as a binary array alternating header and payload, and
+    the payloads are taken from it in one call.
+    """
+    unpack = _HEADER.unpack_from
     offsets: list[int] = []
-    values: list[bytes] = []
-    view = memoryview(data)
+    bounds = [0]
     size = len(data)
     position = 0
     while size - position >= HEADER_BYTES:
-        length = int.from_bytes(view[position : position + HEADER_BYTES], "big")
-        end = position + HEADER_BYTES + length
+        end = position + HEADER_BYTES + unpack(data, position)[0]
         if end > size:
             break
         offsets.append(base + position)
-        values.append(bytes(view[position + HEADER_BYTES : end]))
+        bounds += (position + HEADER_BYTES, end)
         position = end
+    count = len(offsets)
+    if count == 0:
+        return offsets, pa.array([], pa.binary()), 0
+    pieces = pa.Array.from_buffers(
+        pa.binary(), 2 * count, [None, pa.array(bounds, pa.int32()).buffers()[1], pa.py_buffer(data)]
+    )
+    values = pieces.take(pa.array(range(1, 2 * count, 2), pa.int32()))
     return offsets, values, position
 
 

@@ -32,12 +32,16 @@ the commit fails loudly (``SegmentNotFound``) rather than silently.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
+import struct
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from client.errors import ConditionalCheckFailed, SegmentNotFound
 from client.segment_client import AttributeUpdate, SegmentClient
@@ -71,16 +75,27 @@ class TaskContextInfo:
     attempt: int
 
 
-def frame_values(values: pa.Array) -> list[bytes]:
-    """Each non-null value of a binary or string column as a framed event."""
+def frame_values(values: pa.Array) -> tuple[memoryview, list[int]]:
+    """A binary or string column as framed events back to back, and where each frame ends.
+
+    Arrow joins headers and values; Python touches only the lengths.
+    """
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         values = values.cast(pa.binary())
-    framed = []
-    for value in values.to_pylist():
-        if value is None:
-            raise ValueError("the value column holds a null; every row must carry a value")
-        framed.append(len(value).to_bytes(HEADER_BYTES, "big") + value)
-    return framed
+    if values.null_count:
+        raise ValueError("the value column holds a null; every row must carry a value")
+    count = len(values)
+    if count == 0:
+        return memoryview(b""), []
+    lengths = pc.binary_length(values).to_pylist()
+    packed = pa.py_buffer(struct.pack(f">{count}I", *lengths))
+    headers = pa.Array.from_buffers(pa.binary(HEADER_BYTES), count, [None, packed]).cast(values.type)
+    framed = pc.binary_join_element_wise(headers, values, pa.scalar(b"", values.type))
+    ends = list(itertools.accumulate(length + HEADER_BYTES for length in lengths))
+    offset_type = "=q" if pa.types.is_large_binary(framed.type) else "=i"
+    width = struct.calcsize(offset_type)
+    start = struct.unpack_from(offset_type, framed.buffers()[1], framed.offset * width)[0]
+    return memoryview(framed.buffers()[2])[start : start + ends[-1]], ends
 
 
 def write_task(
@@ -94,17 +109,18 @@ def write_task(
 ) -> TaskTransaction:
     """Append every row's ``value`` to a new transaction of ``segment``; returns the commit message.
 
-    Appends carry a task-local writer id and event numbers, so one resent after
-    a lost answer is dropped by the server rather than stored twice.
+    Appends hold whole frames, about ``append_bytes`` each (one frame alone if
+    larger), and carry a task-local writer id and event numbers, so one resent
+    after a lost answer is dropped by the server rather than stored twice.
     """
     txid = client.open_transaction(segment)
     writer_id = uuid.uuid4()
     rows = 0
-    pending: list[bytes] = []
-    pending_bytes = 0
+    pending: list[memoryview] = []
+    pending_bytes = pending_rows = 0
 
     def send() -> None:
-        nonlocal pending, pending_bytes
+        nonlocal pending, pending_bytes, pending_rows
         if pending:
             client.append_transaction(
                 segment,
@@ -112,19 +128,25 @@ def write_task(
                 b"".join(pending),
                 writer_id=writer_id,
                 event_number=rows,
-                event_count=len(pending),
+                event_count=pending_rows,
             )
-            pending, pending_bytes = [], 0
+            pending, pending_bytes, pending_rows = [], 0, 0
 
     try:
         for batch in batches:
             index = batch.schema.get_field_index("value")
             if index < 0:
                 raise ValueError("the data frame written to segstore needs a 'value' column")
-            for framed in frame_values(batch.column(index)):
-                pending.append(framed)
-                pending_bytes += len(framed)
-                rows += 1
+            data, ends = frame_values(batch.column(index))
+            taken = 0  # frames of this batch already pending
+            while taken < len(ends):
+                begin = ends[taken - 1] if taken else 0
+                upto = max(taken + 1, bisect.bisect_right(ends, begin + append_bytes - pending_bytes))
+                pending.append(data[begin : ends[upto - 1]])
+                pending_bytes += ends[upto - 1] - begin
+                pending_rows += upto - taken
+                rows += upto - taken
+                taken = upto
                 if pending_bytes >= append_bytes:
                     send()
                 _maybe_fail(task, rows, fail_first_attempt_after_rows, send)

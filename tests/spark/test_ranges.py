@@ -24,7 +24,9 @@ def _frame(payload: bytes) -> bytes:
 
 def test_split_frames_keeps_a_partial_frame_for_later() -> None:
     data = _frame(b"ab") + _frame(b"") + _frame(b"cdef")[:5]
-    assert split_frames(data, 100) == ([100, 106], [b"ab", b""], 10)
+    offsets, values, used = split_frames(data, 100)
+    assert (offsets, values.to_pylist(), used) == ([100, 106], [b"ab", b""], 10)
+    assert split_frames(data[:3], 0)[2] == 0
 
 
 def test_frames_spanning_gets_are_joined(client: SegmentClient, scope: str) -> None:

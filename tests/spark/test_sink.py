@@ -11,6 +11,7 @@ from client.spark_sink import (
     TaskContextInfo,
     TaskTransaction,
     commit_batch,
+    frame_values,
     intent_updates,
     write_task,
 )
@@ -23,6 +24,13 @@ def _task_rows(client: SegmentClient, name: str, values: list[bytes], partition:
 
 def _events(client: SegmentClient, name: str) -> list[bytes]:
     return [event.payload for event in EventReader(client, name)]
+
+
+def test_values_are_framed_back_to_back() -> None:
+    data, ends = frame_values(pa.array([b"zero", b"ab", b"", b"xyz"]).slice(1))
+    assert (bytes(data), ends) == (b"\0\0\0\2ab\0\0\0\0\0\0\0\3xyz", [6, 10, 17])
+    data, ends = frame_values(pa.array(["ü"], pa.large_string()))
+    assert (bytes(data), ends) == (b"\0\0\0\2\xc3\xbc", [6])
 
 
 def test_a_replayed_batch_is_not_written_again(client: SegmentClient, scope: str) -> None:
