@@ -44,7 +44,8 @@ class BucketConverter(BaseConverter):
     """One path part that is not a reserved name: ``/v1/...``, ``/metrics`` never reach S3 views,
     so werkzeug answers them (404, or 405 beside a native route) as the native API does."""
 
-    regex = r"(?!(?:v1|healthz|readyz|metrics)(?:/|$))[^/]+"
+    regex = r"(?!(?:v1|healthz|readyz|metrics)$)[^/]+"
+    part_isolating = True
 
 
 class KeyConverter(BaseConverter):
