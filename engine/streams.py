@@ -19,11 +19,12 @@ Neither name carries ``#``: the engine aborts idle ``#`` segments as stale
 transactions. The incarnation makes a stream recreated after a delete a new
 segment, so nothing of the old one can show through.
 
-Closing is sealing the data segment. Idempotent producers use the engine's
-writer state on the data segment: the writer id is a UUIDv5 of the producer
-id and the event number ``epoch * 2**32 + seq``, stored atomically with the
-append. The decision (duplicate, gap, stale epoch) is taken under the
-stream's lock, in the one process that owns the data directory.
+Closing is sealing the data segment. An idempotent producer's state is two
+attributes of the data segment (seed 001), keyed by UUIDv5s of the producer
+id: its epoch and its last sequence number. The state is read, the decision
+taken (duplicate, gap, stale epoch), and the append carries
+``replace_if_equals`` updates of both, so data and state change atomically;
+a lost race fails the condition and the decision is taken again.
 
 A fork keeps no copy of its source's bytes: it starts its own data segment at
 its fork offset (its base), and reads below the base go to the source's data
@@ -57,7 +58,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from engine.attributes import AttributeUpdate, AttributeUpdateType
 from engine.errors import (
+    ConditionalCheckFailed,
     InvalidArgument,
     SegmentExists,
     SegmentNotFound,
@@ -74,9 +77,8 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _META_PREFIX = "streams/meta/"
 _DATA_PREFIX = "streams/data/"
 _PRODUCER_NAMESPACE = uuid.UUID("6f1d8a52-3b0e-4f7c-9a51-0d6c2b7e4a10")
-SEQ_BITS = 32
-MAX_PRODUCER_SEQ = 2**SEQ_BITS - 1
-MAX_PRODUCER_EPOCH = 2 ** (63 - SEQ_BITS) - 1
+# Producer epochs and sequence numbers are JavaScript's safe integers, as the protocol's clients send.
+MAX_PRODUCER_SEQ = MAX_PRODUCER_EPOCH = 2**53 - 1
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 JSON_TYPE = "application/json"
 
@@ -316,10 +318,6 @@ def _parse_instant(text: str) -> float:
 def validate_expires_at(text: str) -> None:
     """InvalidArgument unless ``text`` is an ISO 8601 instant."""
     _parse_instant(text)
-
-
-def _event_number(epoch: int, seq: int) -> int:
-    return (epoch << SEQ_BITS) | seq
 
 
 # -------------------------------------------------------------------- store
@@ -771,22 +769,35 @@ class StreamStore:
         payload = body
         if body and is_json(config.content_type):
             payload = json_payload(body, allow_empty=False) or b""
-        if producer is None and seq is None and not close:
-            return self._plain_append(stream, payload)
+        if seq is None and not close:
+            if producer is None:
+                return self._plain_append(stream, payload)
+            while True:  # no lock: the append's conditions catch a concurrent change of the state
+                with contextlib.suppress(ConditionalCheckFailed):
+                    return self._append_checked(stream, payload, None, producer, False)
         with stream.lock:
-            return self._append_locked(stream, payload, seq, producer, close)
+            while True:
+                with contextlib.suppress(ConditionalCheckFailed):
+                    return self._append_checked(stream, payload, seq, producer, close)
+
+    def _closed(self, stream: _Stream) -> StreamClosed:
+        tail, _ = self._tail(stream)
+        return StreamClosed(f"stream {stream.name!r} is closed", format_offset(tail))
 
     def _plain_append(self, stream: _Stream, payload: bytes) -> AppendOutcome:
         try:
             result = self.store.append(stream.config.data_segment, _frame(payload))
         except SegmentSealed:
-            tail, _ = self._tail(stream)
-            raise StreamClosed(f"stream {stream.name!r} is closed", format_offset(tail)) from None
+            raise self._closed(stream) from None
         return AppendOutcome("appended", format_offset(stream.config.base + result.info.length), False)
 
-    def _append_locked(
+    def _append_checked(
         self, stream: _Stream, payload: bytes, seq: str | None, producer: Producer | None, close: bool
     ) -> AppendOutcome:
+        """One try of a conditional append; ConditionalCheckFailed when a producer's state moved meanwhile.
+
+        ``Stream-Seq`` and closing need the stream's lock held.
+        """
         config = stream.config
         segment = config.data_segment
         tail, closed = self._tail(stream)
@@ -799,58 +810,61 @@ class StreamStore:
                 producer.seq,
             ):
                 return AppendOutcome("duplicate", format_offset(tail), True, last_seq=producer.seq)
-            raise StreamClosed(f"stream {stream.name!r} is closed", format_offset(tail))
-        writer_id = None
+            raise self._closed(stream)
+        updates: list[AttributeUpdate] = []
         if producer is not None:
-            writer_id = uuid.uuid5(_PRODUCER_NAMESPACE, producer.producer_id)
-            verdict = self._producer_verdict(self.store.writer_event_number(segment, writer_id), producer)
+            keys = producer_keys(producer.producer_id)
+            state = self.store.get_attributes(segment, list(keys))
+            last = (state[keys[0]], state[keys[1]])
+            verdict = _producer_verdict(last, producer)
             if verdict is not None:
                 return replace(verdict, next_offset=format_offset(tail))
+            updates = [
+                AttributeUpdate(key, AttributeUpdateType.REPLACE_IF_EQUALS, value, expected=old)
+                for key, value, old in zip(keys, (producer.epoch, producer.seq), last, strict=True)
+            ]
         if seq is not None and stream.last_seq is not None and seq <= stream.last_seq:
             raise StreamConflict(f"Stream-Seq {seq!r} is not above the last one, {stream.last_seq!r}")
-        if payload:
-            try:
-                result = self.store.append(
-                    segment,
-                    _frame(payload),
-                    writer_id=writer_id,
-                    event_number=None if producer is None else _event_number(producer.epoch, producer.seq),
-                )
-            except SegmentSealed:
-                tail, _ = self._tail(stream)
-                raise StreamClosed(f"stream {stream.name!r} is closed", format_offset(tail)) from None
-            tail = config.base + result.info.length
+        try:
+            if payload:
+                result = self.store.append(segment, _frame(payload), attributes=updates)
+                tail = config.base + result.info.length
+            elif updates:
+                self.store.update_attributes(segment, updates)
+        except SegmentSealed:
+            raise self._closed(stream) from None
         if seq is not None:
             self._record(stream, {"t": "seq", "seq": seq})
             stream.last_seq = seq
         if close:
             if producer is not None:
-                self._record(
-                    stream,
-                    {
-                        "t": "closed_by",
-                        "producer": producer.producer_id,
-                        "epoch": producer.epoch,
-                        "seq": producer.seq,
-                    },
-                )
+                closer = {"producer": producer.producer_id, "epoch": producer.epoch, "seq": producer.seq}
+                self._record(stream, {"t": "closed_by", **closer})
                 stream.closed_by = (producer.producer_id, producer.epoch, producer.seq)
             self.store.seal(segment)
         return AppendOutcome("appended", format_offset(tail), close)
 
-    @staticmethod
-    def _producer_verdict(stored: int | None, producer: Producer) -> AppendOutcome | None:
-        """None to accept the producer's append, else the outcome refusing it (Kafka-style checks)."""
-        epoch, seq = producer.epoch, producer.seq
-        if stored is None:
-            return None if seq == 0 else AppendOutcome("sequence_gap", "", False, expected_seq=0)
-        last_epoch, last_seq = stored >> SEQ_BITS, stored & MAX_PRODUCER_SEQ
-        if epoch < last_epoch:
-            return AppendOutcome("stale_epoch", "", False, current_epoch=last_epoch)
-        if epoch > last_epoch:
-            return None if seq == 0 else AppendOutcome("invalid_epoch_seq", "", False)
-        if seq <= last_seq:
-            return AppendOutcome("duplicate", "", False, last_seq=last_seq)
-        if seq == last_seq + 1:
-            return None
-        return AppendOutcome("sequence_gap", "", False, expected_seq=last_seq + 1)
+
+def producer_keys(producer_id: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """The attribute keys of a producer's epoch and last sequence number on a data segment."""
+    return (
+        uuid.uuid5(_PRODUCER_NAMESPACE, f"epoch\x00{producer_id}"),
+        uuid.uuid5(_PRODUCER_NAMESPACE, f"seq\x00{producer_id}"),
+    )
+
+
+def _producer_verdict(last: tuple[int | None, int | None], producer: Producer) -> AppendOutcome | None:
+    """None to accept the producer's append, else the outcome refusing it (Kafka-style checks)."""
+    epoch, seq = producer.epoch, producer.seq
+    last_epoch, last_seq = last
+    if last_epoch is None or last_seq is None:
+        return None if seq == 0 else AppendOutcome("sequence_gap", "", False, expected_seq=0)
+    if epoch < last_epoch:
+        return AppendOutcome("stale_epoch", "", False, current_epoch=last_epoch)
+    if epoch > last_epoch:
+        return None if seq == 0 else AppendOutcome("invalid_epoch_seq", "", False)
+    if seq <= last_seq:
+        return AppendOutcome("duplicate", "", False, last_seq=last_seq)
+    if seq == last_seq + 1:
+        return None
+    return AppendOutcome("sequence_gap", "", False, expected_seq=last_seq + 1)
