@@ -23,7 +23,7 @@ the offset where its record starts. Options:
   cut on a record boundary (at least one record per segment, so one record
   larger than the cap is read whole);
 - writing: ``segment`` (the target), ``append_bytes`` (bytes per append,
-  1 MiB); streaming writes: ``sinkId`` names the sink's committed-batch
+  4 MiB, below the server's max_append_bytes); streaming writes: ``sinkId`` names the sink's committed-batch
   attributes (default: the ``checkpointLocation`` option, else the target's
   name); ``fail_first_attempt_after_rows`` is fault injection for tests.
 

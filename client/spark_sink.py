@@ -47,7 +47,7 @@ from client.errors import ConditionalCheckFailed, SegmentNotFound
 from client.segment_client import AttributeUpdate, SegmentClient
 
 HEADER_BYTES = 4
-DEFAULT_APPEND_BYTES = 1024 * 1024
+DEFAULT_APPEND_BYTES = 4 * 1024 * 1024
 # Keys per attribute request the server takes (API.md leaves it to the server; segstore: 1024).
 MAX_ATTRIBUTE_UPDATES = 1024
 SINK_NAMESPACE = uuid.UUID("6f1d3c2e-9a4b-5c7d-8e0f-1a2b3c4d5e6f")
