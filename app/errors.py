@@ -99,6 +99,8 @@ def render_segstore_error(err: SegstoreError) -> Response:
         headers.update(segment_headers(err.segment))
         if status == 416:
             headers["Content-Range"] = f"bytes */{err.segment.length}"
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     if isinstance(err, Throttled):
         headers["Retry-After"] = str(max(0, math.ceil(err.retry_after_s)))
     if status >= 500 and err.code not in ("Throttled", "StoreLocked", "StorageFull"):

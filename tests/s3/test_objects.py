@@ -176,13 +176,17 @@ def test_presigned_get_and_expiry(s3: Any, s3_server: ServerProcess, bucket: str
     v2_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"})
     assert requests.get(v2_url, timeout=10).status_code == 403
     s3 = make_client(s3_server.url, signature_version="s3v4")
-    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=60)
+    url = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=60
+    )
     response = requests.get(url, timeout=10)
     assert response.status_code == 200
     assert response.content == b"presigned bytes"
     tampered = url.replace("shared.bin", "other.bin")
     assert requests.get(tampered, timeout=10).status_code == 403
-    expired = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=1)
+    expired = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=1
+    )
     time.sleep(2.1)
     response = requests.get(expired, timeout=10)
     assert response.status_code == 403
