@@ -191,7 +191,8 @@ def _source_name(header: str) -> str:
 
 
 def _long_poll_s() -> float:
-    return current_app.extensions["segstore"].settings.stream_long_poll_s
+    settings = current_app.extensions["segstore"].settings
+    return min(settings.stream_long_poll_s, settings.tail_wait_max_s)
 
 
 # --------------------------------------------------------------- handlers
