@@ -57,12 +57,14 @@ def test_prefix_and_names_and_each_framing(
     assert _reader(spark, server, two).count() == 50 + 150
 
     text_name = scope + "text"
-    lines = [b"%d," % i + b"t" * (i % 40) for i in range(2000)]
+    lines = [b"%d," % i + b"t" * (i % 100) for i in range(6000)]  # about 330 KB
     text = b"\n".join(lines) + b"\n"
     client.create(text_name)
     for piece in range(0, len(text), 4000):  # appends cut lines anywhere
         client.append(text_name, text[piece : piece + 4000])
-    rows = _reader(spark, server, text_name, framing="lines", target_bytes=16 * 1024).collect()
+    lines_df = _reader(spark, server, text_name, framing="lines", target_bytes=16 * 1024)
+    assert lines_df.rdd.getNumPartitions() >= 3
+    rows = lines_df.collect()
     assert sorted(bytes(row.value) for row in rows) == sorted(lines)
     raw = _reader(spark, server, text_name, framing="raw", target_bytes=16 * 1024).collect()
     assert b"".join(bytes(row.value) for row in sorted(raw, key=lambda row: row.offset)) == text
