@@ -312,9 +312,9 @@ def _task() -> spark_sink.TaskContextInfo:
 
 
 class TransactionMessage(WriterCommitMessage):
-    """A task's commit message: its transaction."""
+    """A task's commit message: its transaction (``None``: the task had no rows)."""
 
-    def __init__(self, transaction: spark_sink.TaskTransaction):
+    def __init__(self, transaction: spark_sink.TaskTransaction | None):
         self.transaction = transaction
 
 

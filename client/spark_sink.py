@@ -106,22 +106,25 @@ def write_task(
     *,
     append_bytes: int = DEFAULT_APPEND_BYTES,
     fail_first_attempt_after_rows: int | None = None,
-) -> TaskTransaction:
-    """Append every row's ``value`` to a new transaction of ``segment``; returns the commit message.
+) -> TaskTransaction | None:
+    """Append every row's ``value`` to a new transaction of ``segment``; returns the commit message
+    (``None`` when there were no rows).
 
     Appends hold whole frames, about ``append_bytes`` each (one frame alone if
     larger), and carry a task-local writer id and event numbers, so one resent
     after a lost answer is dropped by the server rather than stored twice.
     """
-    txid = client.open_transaction(segment)
+    txid: str | None = None  # opened with the first append: a task without rows leaves none
     writer_id = uuid.uuid4()
     rows = 0
     pending: list[memoryview] = []
     pending_bytes = pending_rows = 0
 
     def send() -> None:
-        nonlocal pending, pending_bytes, pending_rows
+        nonlocal pending, pending_bytes, pending_rows, txid
         if pending:
+            if txid is None:
+                txid = client.open_transaction(segment)
             client.append_transaction(
                 segment,
                 txid,
@@ -154,9 +157,12 @@ def write_task(
     except InjectedTaskFailure:
         raise
     except BaseException:
-        with contextlib.suppress(Exception):
-            client.abort_transaction(segment, txid)
+        if txid is not None:
+            with contextlib.suppress(Exception):
+                client.abort_transaction(segment, txid)
         raise
+    if txid is None:
+        return None
     return TaskTransaction(task.partition_id, task.attempt, txid, rows)
 
 
