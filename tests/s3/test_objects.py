@@ -212,3 +212,72 @@ def test_objects_are_segments_on_the_native_api(s3: Any, s3_server: ServerProces
     assert response.content == b"native view"
     assert response.headers["Segment-Sealed"] == "true"
     assert requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", timeout=10).status_code == 401
+
+
+def test_empty_objects_and_unusual_keys(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    head = s3.head_object(Bucket=bucket, Key="empty")
+    assert head["ContentLength"] == 0
+    assert head["ETag"] == f'"{hashlib.md5(b"").hexdigest()}"'
+    assert s3.get_object(Bucket=bucket, Key="empty")["Body"].read() == b""
+    for key in ("with space/and+plus.txt", "ünï/cødé €.bin", "a=b&c/d;e,f"):
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == key.encode()
+    listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert sorted(listed) == sorted(["empty", "with space/and+plus.txt", "ünï/cødé €.bin", "a=b&c/d;e,f"])
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=bucket, Key="bad:colon", Body=b"x")
+    assert _code(err) == ("InvalidArgument", 400)
+
+
+def test_list_objects_v1_with_marker(s3: Any, bucket: str) -> None:
+    for key in ("k1", "k2", "k3"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    first = s3.list_objects(Bucket=bucket, MaxKeys=2)
+    assert [o["Key"] for o in first["Contents"]] == ["k1", "k2"]
+    assert first["IsTruncated"] is True
+    rest = s3.list_objects(Bucket=bucket, Marker="k2")
+    assert [o["Key"] for o in rest["Contents"]] == ["k3"]
+    assert rest["IsTruncated"] is False
+
+
+def test_concurrent_replacements_never_show_mixed_or_partial_bytes(
+    s3_server: ServerProcess, bucket: str
+) -> None:
+    """Writers replace one key over and over; a reader sees a whole version, or (in the swap) none."""
+    import threading
+
+    size = 512 * 1024
+    stop = threading.Event()
+    seen: list[str] = []
+    failures: list[str] = []
+
+    def write(tag: int) -> None:
+        client = make_client(s3_server.url)
+        for _ in range(6):
+            client.put_object(Bucket=bucket, Key="contended", Body=bytes([tag]) * size)
+
+    def read() -> None:
+        client = make_client(s3_server.url)
+        while not stop.is_set():
+            try:
+                body = client.get_object(Bucket=bucket, Key="contended")["Body"].read()
+            except ClientError as err:
+                seen.append(err.response["Error"]["Code"])
+                continue
+            if body and (len(body) != size or body.count(body[:1]) != size):
+                failures.append(f"{len(body)} bytes, mixed")
+            seen.append("whole" if body else "empty")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(tag,)) for tag in (1, 2, 3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    reader.join()
+    assert not failures
+    assert "whole" in seen
+    assert set(seen) <= {"whole", "empty", "NoSuchKey"}
