@@ -55,6 +55,8 @@ class _Chunks:
         self.left = 0
         self.done = False
         self.trailers: dict[str, str] = {}
+        self.buffer = b""  # the current chunk's bytes, ``pos`` the next to hand out
+        self.pos = 0
 
     def _line(self) -> bytes:
         line = self.stream.readline(_LINE_MAX)

@@ -75,22 +75,32 @@ class Verdict:
     signing: Signing | None  # None for anonymous requests
 
 
-def _signed_only(signed: list[str]) -> type:
-    """A mixin that signs exactly the headers the client listed, at the path it gave."""
+class _AsSent:
+    """Signs exactly the headers the client listed, at the canonical path of the request.
 
-    class Exact:
-        _canonical_path = "/"
+    botocore picks the headers to sign itself and normalizes the path; a
+    verifier must take the client's choice instead.
+    """
 
-        def headers_to_sign(self, request: AWSRequest) -> HTTPHeaders:
-            chosen = HTTPHeaders()
-            for name in signed:
-                chosen[name] = request.headers.get(name, "")
-            return chosen
+    signed: tuple[str, ...] = ()
+    path = "/"
 
-        def _normalize_url_path(self, path: str) -> str:
-            return self._canonical_path
+    def headers_to_sign(self, request: AWSRequest) -> HTTPHeaders:
+        chosen = HTTPHeaders()
+        for name in self.signed:
+            chosen[name] = request.headers.get(name, "")
+        return chosen
 
-    return Exact
+    def _normalize_url_path(self, path: str) -> str:
+        return self.path
+
+
+class _HeaderVerifier(_AsSent, S3SigV4Auth):
+    pass
+
+
+class _QueryVerifier(_AsSent, S3SigV4QueryAuth):
+    pass
 
 
 def canonical_path(req: Request) -> str:
@@ -185,11 +195,12 @@ def verify(req: Request, auth: AuthConfig, now: dt.datetime | None = None) -> Ve
     signed = [name.strip() for name in fields.get("SignedHeaders", "").lower().split(";") if name.strip()]
     if "host" not in signed:
         raise S3Error("AccessDenied", "the Host header must be signed")
-    base = S3SigV4QueryAuth if presigned else S3SigV4Auth
-    signer_class = type("Verifier", (_signed_only(signed), base), {})
-    signer = signer_class(Credentials(access_key, secret), service, region)
-    signer._canonical_path = canonical_path(req)
-    headers = {name: " ".join(req.headers.getlist(name)) if name != "host" else req.host for name in signed}
+    verifier = _QueryVerifier if presigned else _HeaderVerifier
+    signer = verifier(Credentials(access_key, secret), service, region)
+    signer.signed = tuple(signed)
+    signer.path = canonical_path(req)
+    # A header sent twice is signed as its values joined by commas, as botocore joins them.
+    headers = {name: ",".join(req.headers.getlist(name)) if name != "host" else req.host for name in signed}
     if not presigned:
         payload = req.headers.get("X-Amz-Content-SHA256")
         if payload is None:
