@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from typing import Any
 
@@ -245,8 +246,6 @@ def test_concurrent_replacements_never_show_mixed_or_partial_bytes(
     s3_server: ServerProcess, bucket: str
 ) -> None:
     """Writers replace one key over and over; a reader sees a whole version, or (in the swap) none."""
-    import threading
-
     size = 512 * 1024
     stop = threading.Event()
     seen: list[str] = []

@@ -9,6 +9,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from flask import Flask
+from flask import request as flask_request
 
 from app.auth import load_auth
 from app.s3 import sigv4
@@ -29,8 +30,6 @@ def _verify(request: AWSRequest, settings: Settings, *, now: dt.datetime | None 
     path, _, query = request.url.removeprefix("http://localhost").partition("?")
     headers = {**dict(request.headers.items()), **extra}
     with app.test_request_context(path, query_string=query, headers=headers, base_url="http://localhost"):
-        from flask import request as flask_request
-
         return sigv4.verify(flask_request, load_auth(settings), now)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import zlib
 from pathlib import Path
@@ -106,8 +107,6 @@ def _signed_headers(url: str, payload: str, extra: dict[str, str]) -> dict[str, 
 
 
 def _chunk_signature(headers: dict[str, str], previous: str, chunk: bytes) -> str:
-    import hmac
-
     timestamp = headers["X-Amz-Date"]
     scope = f"{timestamp[:8]}/us-east-1/s3/aws4_request"
     key = f"AWS4{SECRET_KEY}".encode()
