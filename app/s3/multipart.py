@@ -33,6 +33,8 @@ from app.s3.errors import S3Error
 from engine import SegmentNotFound, SegmentStore, SegstoreError
 
 PART_NUMBER_MAX = 10000
+# The part log's first line: bucket and key, JSON without ASCII escapes (a key is at most 1 KiB).
+_HEADER_MAX_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,34 @@ def create(store: SegmentStore, bucket: str, key: str) -> str:
     upload_id = upload.rsplit("/", 1)[1]
     store.create(upload)
     store.create(parts_name(upload_id))
-    store.append(parts_name(upload_id), json.dumps({"bucket": bucket, "key": key}).encode() + b"\n")
+    header = json.dumps({"bucket": bucket, "key": key}, ensure_ascii=False).encode()
+    store.append(parts_name(upload_id), header + b"\n")
     return upload_id
+
+
+def _no_such_upload() -> S3Error:
+    return S3Error("NoSuchUpload", "The specified upload does not exist.")
+
+
+def _check_id(upload_id: str) -> None:
+    if len(upload_id) != 32 or not all(c in "0123456789abcdef" for c in upload_id):
+        raise _no_such_upload()
+
+
+def _check_header(store: SegmentStore, upload_id: str, bucket: str, key: str) -> None:
+    """NoSuchUpload unless the part log's first line names this object (one short read)."""
+    _check_id(upload_id)
+    try:
+        first = store.read(parts_name(upload_id), 0, _HEADER_MAX_BYTES).data.split(b"\n", 1)[0]
+    except SegmentNotFound:
+        raise _no_such_upload() from None
+    if json.loads(first) != {"bucket": bucket, "key": key}:
+        raise _no_such_upload()
 
 
 def _records(store: SegmentStore, upload_id: str, bucket: str, key: str) -> list[dict]:
     """The part log's records after its header; NoSuchUpload unless it is this object's upload."""
-    if not all(c in "0123456789abcdef" for c in upload_id) or len(upload_id) != 32:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.")
+    _check_id(upload_id)
     data = bytearray()
     offset = None
     try:
@@ -77,10 +99,10 @@ def _records(store: SegmentStore, upload_id: str, bucket: str, key: str) -> list
             if offset >= result.info.length:
                 break
     except SegmentNotFound:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.") from None
+        raise _no_such_upload() from None
     lines = [json.loads(line) for line in bytes(data).splitlines() if line]
     if not lines or lines[0] != {"bucket": bucket, "key": key}:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.")
+        raise _no_such_upload()
     return lines[1:]
 
 
@@ -102,12 +124,12 @@ def upload_part(
     """
     if not 1 <= number <= PART_NUMBER_MAX:
         raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and {PART_NUMBER_MAX}")
-    _records(store, upload_id, bucket, key)
+    _check_header(store, upload_id, bucket, key)
     upload = upload_name(upload_id)
     try:
         txid = store.open_transaction(upload)
     except SegmentNotFound:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.") from None
+        raise _no_such_upload() from None
     size = 0
     try:
         for piece in pieces:
@@ -161,6 +183,6 @@ def complete(
 
 
 def abort(store: SegmentStore, upload_id: str, bucket: str, key: str) -> None:
-    _records(store, upload_id, bucket, key)
+    _check_header(store, upload_id, bucket, key)
     objects.discard(store, upload_name(upload_id))
     objects.discard(store, parts_name(upload_id))
