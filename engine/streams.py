@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import struct
 import threading
@@ -185,6 +186,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")  # it would be written back as Infinity
+    return value
+
+
 def json_payload(body: bytes, *, allow_empty: bool) -> bytes | None:
     """One JSON append as stored: its values (an array's elements, or the value) joined by commas.
 
@@ -192,7 +200,7 @@ def json_payload(body: bytes, *, allow_empty: bool) -> bytes | None:
     invalid JSON or an empty array on append.
     """
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
     except (UnicodeDecodeError, ValueError):
         raise InvalidArgument("Invalid JSON: the body is not a JSON document") from None
     values = value if isinstance(value, list) else [value]
@@ -440,12 +448,13 @@ class StreamStore:
     def _find(self, name: str) -> _Stream | None:
         """The stream (soft-deleted ones too), expiring it first if its time is up."""
         self._ensure_loaded()
-        with self._lock:
-            stream = self._streams.get(name)
-            if stream is not None and not stream.soft_deleted and self._expired(stream):
-                self._remove(stream)
-                stream = self._streams.get(name)
+        stream = self._streams.get(name)  # no lock: a create or delete in flight does not hold up others
+        if stream is None or stream.soft_deleted or not self._expired(stream):
             return stream
+        with self._lock:
+            if self._streams.get(name) is stream and not stream.soft_deleted:
+                self._remove(stream)
+            return self._streams.get(name)
 
     def _live(self, name: str) -> _Stream:
         """The stream, or StreamNotFound (404) / StreamGone (410)."""

@@ -1,0 +1,54 @@
+"""The stream layer's formats: offsets, escaped names, frames, JSON-mode payloads."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import InvalidArgument
+from engine.naming import validate_segment_name
+from engine.streams import (
+    _escape,
+    _frame,
+    _unescape,
+    _unframe,
+    format_offset,
+    json_payload,
+    json_values,
+    meta_segment,
+    parse_offset,
+)
+
+
+def test_offsets_sort_as_strings_and_parse_back() -> None:
+    positions = [0, 9, 10, 12345, 2**40]
+    offsets = [format_offset(p) for p in positions]
+    assert offsets == sorted(offsets)
+    assert [parse_offset(o) for o in offsets] == positions
+    for bad in ["", "12", "1_", "_1", "a_1", "-1_0", "1_2_3", "1, 2"]:
+        with pytest.raises(InvalidArgument):
+            parse_offset(bad)
+
+
+@pytest.mark.parametrize("name", ["a", "a/b", "a:b#c?d%e\\f", "..", "/lead//double/", "ünï cödé", "~7E"])
+def test_any_stream_name_is_one_valid_segment_name_part(name: str) -> None:
+    escaped = _escape(name)
+    assert "/" not in escaped and escaped not in (".", "..")
+    assert validate_segment_name(meta_segment(name))
+    assert _unescape(escaped) == name
+
+
+def test_frames_keep_message_boundaries() -> None:
+    data = _frame(b"one") + _frame(b"") + _frame(b"three")
+    assert _unframe(data) == ([b"one", b"", b"three"], len(data))
+    assert _unframe(data[:-1]) == ([b"one", b""], len(_frame(b"one") + _frame(b"")))
+
+
+def test_json_payloads_are_values_joined_by_commas() -> None:
+    assert json_payload(b'[{"a": 1}, 2, "x"]', allow_empty=False) == b'{"a":1},2,"x"'
+    assert json_payload(b'{"a": [1, 2]}', allow_empty=False) == b'{"a":[1,2]}'
+    assert json_payload(b"[[1], [2]]", allow_empty=False) == b"[1],[2]"
+    assert json_payload(b"[]", allow_empty=True) is None
+    assert json_values(b'{"a":1},2') == [{"a": 1}, 2]
+    for bad in [b"[]", b"{", b"NaN", b"1e400", b"\xff"]:
+        with pytest.raises(InvalidArgument):
+            json_payload(bad, allow_empty=False)
