@@ -21,11 +21,12 @@ last UploadPart, or raise the setting.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from app.s3 import objects
@@ -115,7 +116,13 @@ def parts(store: SegmentStore, upload_id: str, bucket: str, key: str) -> dict[in
 
 
 def upload_part(
-    store: SegmentStore, upload_id: str, bucket: str, key: str, number: int, pieces: Iterable[bytes], finish
+    store: SegmentStore,
+    upload_id: str,
+    bucket: str,
+    key: str,
+    number: int,
+    pieces: Iterable[bytes],
+    finish: Callable[[], str],
 ) -> str:
     """Write one part into a new transaction and log it; returns its ETag (the MD5 of its bytes).
 
@@ -133,7 +140,7 @@ def upload_part(
     size = 0
     try:
         for piece in pieces:
-            store.append_transaction(upload, txid, piece)
+            objects.patiently(functools.partial(store.append_transaction, upload, txid), piece)
             size += len(piece)
         etag = finish()
     except BaseException:

@@ -26,13 +26,16 @@ new bytes, nor a half-written upload.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import logging
 import re
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from app.s3.errors import S3Error
 from engine import (
@@ -42,10 +45,15 @@ from engine import (
     SegmentNotFound,
     SegmentStore,
     SegstoreError,
+    Throttled,
     validate_segment_name,
 )
 
+log = logging.getLogger(__name__)
+
 META = ".s3"
+# How long one append of an upload waits out back-pressure before the upload fails (SlowDown).
+THROTTLED_WAIT_MAX_S = 60.0
 RESERVED_BUCKETS = frozenset({"v1", "healthz", "readyz", "metrics"})
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
@@ -142,11 +150,14 @@ def write_etag(store: SegmentStore, info: SegmentInfo, etag: str) -> None:
     if record_name is None:
         return
     line = json.dumps({"id": info.segment_id, "length": info.length, "etag": etag}).encode() + b"\n"
-    with contextlib.suppress(SegmentExists):
-        store.create(record_name)
-    result = store.append(record_name, line)
-    assert result.offset is not None
-    store.truncate(record_name, result.offset)
+    try:
+        with contextlib.suppress(SegmentExists):
+            store.create(record_name)
+        result = store.append(record_name, line)
+        assert result.offset is not None
+        store.truncate(record_name, result.offset)
+    except Throttled as err:  # the object is in place; it gets the derived ETag meanwhile
+        log.warning("ETag of %r not recorded: %s", info.name, err.detail)
 
 
 def drop_etag(store: SegmentStore, name: str) -> None:
@@ -156,13 +167,30 @@ def drop_etag(store: SegmentStore, name: str) -> None:
             store.delete(record_name)
 
 
+def patiently(append: Callable[[bytes], object], data: bytes) -> None:
+    """``append(data)``, waiting out back-pressure (Throttled) for up to ``THROTTLED_WAIT_MAX_S``.
+
+    An upload is many appends; failing it at its 200th MiB because Tier 2 is
+    briefly behind would make the client send everything again.
+    """
+    deadline = time.monotonic() + THROTTLED_WAIT_MAX_S
+    while True:
+        try:
+            append(data)
+            return
+        except Throttled as err:
+            if time.monotonic() + err.retry_after_s > deadline:
+                raise
+            time.sleep(err.retry_after_s)
+
+
 def stage(store: SegmentStore, target: str, pieces: Iterable[bytes]) -> str:
     """Write ``pieces`` into a new staging segment beside ``target``; returns its name (unsealed)."""
     staging = colocated(store, "staging", target)
     store.create(staging)
     try:
         for piece in pieces:
-            store.append(staging, piece)
+            patiently(functools.partial(store.append, staging), piece)
     except BaseException:
         discard(store, staging)
         raise

@@ -1,0 +1,59 @@
+"""Object helpers in-process: waiting out back-pressure, ETag records, colocated names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.s3 import objects
+from engine import SegmentStore, Settings, Throttled
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SegmentStore(Settings(data_dir=str(tmp_path / "data"), container_count=4))
+    s.start(wait=True)
+    yield s
+    s.close()
+
+
+def test_patiently_waits_out_throttling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(objects.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky(data: bytes) -> None:
+        calls.append(data)
+        if len(calls) < 3:
+            raise Throttled("busy", retry_after_s=1)
+
+    objects.patiently(flaky, b"x")
+    assert len(calls) == 3
+
+    def always(data: bytes) -> None:
+        raise Throttled("busy", retry_after_s=objects.THROTTLED_WAIT_MAX_S + 1)
+
+    with pytest.raises(Throttled):
+        objects.patiently(always, b"x")
+
+
+def test_staging_names_share_the_target_container(store: SegmentStore) -> None:
+    for i in range(20):
+        target = f"bucket/key-{i}"
+        assert store.container_of(objects.colocated(store, "staging", target)) == store.container_of(target)
+
+
+def test_etag_record_only_counts_for_the_bytes_it_was_made_for(store: SegmentStore) -> None:
+    staging = objects.stage(store, "b/k", [b"hello"])
+    info = objects.publish(store, "b/k", staging, "5d41402abc4b2a76b9719d911017c592")
+    assert objects.etag_of(store, info) == "5d41402abc4b2a76b9719d911017c592"
+    staging = objects.stage(store, "b/k", [b"other"])
+    replaced = objects.publish(store, "b/k", staging, "795f3202b17cb6bc3d4b771d8c6c9eaf")
+    assert objects.etag_of(store, replaced) == "795f3202b17cb6bc3d4b771d8c6c9eaf"
+    assert objects.etag_of(store, info) == objects.derived_etag(info)  # the old segment's record is gone
+    store.delete("b/k")
+    store.create("b/k")
+    store.append("b/k", b"native")
+    native = store.info("b/k")
+    assert objects.etag_of(store, native) == objects.derived_etag(native)
+    assert objects.derived_etag(native).endswith("-1")
