@@ -83,7 +83,7 @@ def test_presign_and_wrong_secret(s3: Any, s3_server: ServerProcess, bucket: str
         s3_server, "s3", "presign", f"s3://{bucket}/p.txt", "--expires-in", "60", config=str(config)
     )
     assert presign.returncode == 0, presign.stderr
-    response = requests.get(presign.stdout.strip(), timeout=10)
+    response = requests.get(presign.stdout.strip(), timeout=30)
     assert response.status_code == 200, response.text
     assert response.content == b"presigned by the cli"
     wrong = aws(s3_server, "s3", "ls", f"s3://{bucket}/", secret="wrong-secret")

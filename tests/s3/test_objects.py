@@ -166,7 +166,7 @@ def test_wrong_secret_is_signature_does_not_match(s3_server: ServerProcess, buck
 
 
 def test_unsigned_request_is_denied(s3_server: ServerProcess, bucket: str) -> None:
-    response = requests.get(f"{s3_server.url}/{bucket}?list-type=2", timeout=10)
+    response = requests.get(f"{s3_server.url}/{bucket}?list-type=2", timeout=30)
     assert response.status_code == 403
     assert b"<Code>AccessDenied</Code>" in response.content
 
@@ -175,21 +175,21 @@ def test_presigned_get_and_expiry(s3: Any, s3_server: ServerProcess, bucket: str
     """Presigned URLs in the SigV4 form (botocore presigns with SigV2 unless told; V2 is refused)."""
     s3.put_object(Bucket=bucket, Key="shared.bin", Body=b"presigned bytes")
     v2_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "shared.bin"})
-    assert requests.get(v2_url, timeout=10).status_code == 403
+    assert requests.get(v2_url, timeout=30).status_code == 403
     s3 = make_client(s3_server.url, signature_version="s3v4")
     url = s3.generate_presigned_url(
         "get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=60
     )
-    response = requests.get(url, timeout=10)
+    response = requests.get(url, timeout=30)
     assert response.status_code == 200
     assert response.content == b"presigned bytes"
     tampered = url.replace("shared.bin", "other.bin")
-    assert requests.get(tampered, timeout=10).status_code == 403
+    assert requests.get(tampered, timeout=30).status_code == 403
     expired = s3.generate_presigned_url(
         "get_object", Params={"Bucket": bucket, "Key": "shared.bin"}, ExpiresIn=1
     )
     time.sleep(2.1)
-    response = requests.get(expired, timeout=10)
+    response = requests.get(expired, timeout=30)
     assert response.status_code == 403
     assert b"<Code>AccessDenied</Code>" in response.content
     assert b"expired" in response.content
@@ -209,10 +209,10 @@ def test_grants_of_an_access_key(s3: Any, s3_server: ServerProcess) -> None:
 def test_objects_are_segments_on_the_native_api(s3: Any, s3_server: ServerProcess, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="scope/stream", Body=b"native view")
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    response = requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", headers=headers, timeout=10)
+    response = requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", headers=headers, timeout=30)
     assert response.content == b"native view"
     assert response.headers["Segment-Sealed"] == "true"
-    assert requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", timeout=10).status_code == 401
+    assert requests.get(f"{s3_server.url}/v1/segments/{bucket}/scope/stream", timeout=30).status_code == 401
 
 
 def test_empty_objects_and_unusual_keys(s3: Any, bucket: str) -> None:
