@@ -57,7 +57,6 @@ _MAX_JITTER_S = 3600
 _CACHE_IMMUTABLE = "public, max-age=60, stale-while-revalidate=300"
 
 _STATUS_BY_CODE = {
-    "StreamNotFound": 404,
     "SegmentNotFound": 404,
     "StreamGone": 410,
     "StreamConflict": 409,
@@ -394,7 +393,7 @@ def append(name: str) -> Response:
         return Response(status=204, headers=headers)
     if outcome.status == "stale_epoch":
         return problem(
-            "StaleProducerEpoch",
+            "ProducerEpochStale",
             f"producer epoch {producer.epoch} is older than {outcome.current_epoch}",
             headers={"Producer-Epoch": str(outcome.current_epoch)},
             status=403,

@@ -45,6 +45,9 @@ from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
     "ATTRIBUTES_PER_REQUEST_MAX",
+    "MAX_PRODUCER_EPOCH",
+    "MAX_PRODUCER_SEQ",
+    "AppendOutcome",
     "AppendResult",
     "AttributeUpdate",
     "AttributeUpdateType",
@@ -56,6 +59,7 @@ __all__ = [
     "InvalidName",
     "MergeResult",
     "PayloadTooLarge",
+    "Producer",
     "ReadResult",
     "SegmentExists",
     "SegmentInfo",
@@ -68,14 +72,6 @@ __all__ = [
     "Settings",
     "StorageFull",
     "StoreLocked",
-    "Throttled",
-    "load_settings",
-    "validate_segment_name",
-    # Durable Streams (engine/streams.py)
-    "MAX_PRODUCER_EPOCH",
-    "MAX_PRODUCER_SEQ",
-    "AppendOutcome",
-    "Producer",
     "StreamClosed",
     "StreamConflict",
     "StreamGone",
@@ -83,7 +79,10 @@ __all__ = [
     "StreamNotFound",
     "StreamRead",
     "StreamStore",
+    "Throttled",
     "is_json",
+    "load_settings",
     "normalize_content_type",
     "validate_expires_at",
+    "validate_segment_name",
 ]

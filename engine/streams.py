@@ -86,9 +86,7 @@ JSON_TYPE = "application/json"
 
 # ------------------------------------------------------------------- errors
 class StreamNotFound(SegmentNotFound):
-    """No such stream (or it expired)."""
-
-    code = "StreamNotFound"
+    """No such stream (or it expired); its code stays ``SegmentNotFound`` (API.md "Errors")."""
 
 
 class StreamGone(SegstoreError):
