@@ -5,8 +5,10 @@
 attribute segment and prints, beside the seed's figures:
 
 - Table 1: 1,000,000 attributes inserted in sorted key order (random 16-byte
-  keys, sorted), in batches of 10, 100 and 1,000, without and with
-  progressive compaction.
+  keys, sorted), in batches of 10, 100 and 1,000, three ways: without
+  compaction; with seed 001's progressive compaction, one page a batch
+  (``compaction_ratio=0``); and with the index's default, which moves more
+  pages while their bytes stay under 1/8 of the batch's own.
 - Table 2: 1,000,000 attributes bulk-loaded in sorted order in batches of
   100,000 (with the same compaction setting as the run), then every one of
   them updated once, in random order, in batches of 10, 100 and 1,000.
@@ -39,12 +41,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache
+from engine.attribute_index.tree import COMPACTION_RATIO
 
 MB = 1_000_000
 MiB = 1024 * 1024
 BATCHES = (10, 100, 1000)
 BULK_BATCH = 100_000
 # Seed 001, index size in MB: (without compaction, with progressive compaction).
+# The runs of a row: no compaction, the seed's one page a batch, the index's default.
+MODES: dict[str, float | None] = {"off": None, "one page": 0.0, "default": COMPACTION_RATIO}
 SEED_TABLE1 = {10: (3_991, 115), 100: (416, 97), 1000: (60, 54)}
 SEED_TABLE2 = {10: (32_990, 72), 100: (29_402, 103), 1000: (17_083, 91)}
 SMALL_CACHE_BYTES = 1 * MiB
@@ -81,7 +86,7 @@ class PageStore:
 class SizeRun:
     table: int
     batch: int
-    compaction: bool
+    compaction: str
     index_mb: float
     appended_mb: float
     live_mb: float
@@ -116,13 +121,11 @@ def _batches(keys: Sequence[bytes], size: int, value: Callable[[int], int]) -> A
         yield {k: value(at + i) for i, k in enumerate(keys[at : at + size])}
 
 
-def _new_index(store: PageStore, compaction: bool, cache_bytes: int) -> AttributeIndex:
-    return AttributeIndex(store.read, None, 0, compaction=compaction, cache=NodeCache(cache_bytes))
-
-
-def _size_run(table: int, keys: list[bytes], batch: int, compaction: bool, seed: int) -> tuple[SizeRun, Any]:
+def _size_run(table: int, keys: list[bytes], batch: int, compaction: str, seed: int) -> tuple[SizeRun, Any]:
     store = PageStore()
-    index = _new_index(store, compaction, BIG_CACHE_BYTES)
+    ratio = MODES[compaction]
+    index = AttributeIndex(store.read, None, 0, compaction=ratio is not None, compaction_ratio=ratio or 0.0,
+                           cache=NodeCache(BIG_CACHE_BYTES))
     start = time.perf_counter()
     if table == 1:
         for changes in _batches(keys, batch, lambda i: i):
@@ -200,24 +203,25 @@ def _size_table(runs: list[SizeRun], table: int, seed_figures: dict[int, tuple[i
     title = ("Table 1: insert in sorted order" if table == 1
              else "Table 2: bulk-load, then update all in random order")
     print(f"\n{title}")
-    print(f"{'batch':>5} | {'no compaction: appended':>27} {'seed':>7} {'truncated':>20} "
-          f"| {'compaction':>20} {'seed':>5} {'ratio':>5} | {'changes/s, off / on':>21}")
+    print(f"{'':>5} | {'no compaction':^48} | {'progressive compaction':^60} |")
+    print(f"{'batch':>5} | {'appended':>20} {'seed':>6} {'truncated':>20} "
+          f"| {'one page a batch':>20} {'default':>20} {'seed':>6} {'ratio':>5} "
+          f"| {'changes/s: off / one page / default':>35}")
     for batch in BATCHES:
-        off, on = ([r for r in runs if (r.table, r.batch, r.compaction) == (table, batch, c)]
-                   for c in (False, True))
+        off, one, on = ([r for r in runs if (r.table, r.batch, r.compaction) == (table, batch, mode)]
+                        for mode in MODES)
         s_off, s_on = seed_figures[batch]
-        appended = Spread.of([r.appended_mb for r in off])
-        truncated = Spread.of([r.index_mb for r in off])
-        index = Spread.of([r.index_mb for r in on])
-        rate_off = Spread.of([r.changes_per_s for r in off])
-        rate_on = Spread.of([r.changes_per_s for r in on])
-        print(f"{batch:>5} | {_cell(appended):>27} {s_off:>7,} {_cell(truncated):>20} "
-              f"| {_cell(index):>20} {s_on:>5,} {index.max / s_on:>5.2f} "
-              f"| {rate_off.median:>9,.0f} / {rate_on.median:>9,.0f}")
+        worst = max(r.index_mb for r in on)
+        rates = " / ".join(f"{statistics.median(r.changes_per_s for r in rs):,.0f}" for rs in (off, one, on))
+        print(f"{batch:>5} | {_cell([r.appended_mb for r in off]):>20} {s_off:>6,} "
+              f"{_cell([r.index_mb for r in off]):>20} "
+              f"| {_cell([r.index_mb for r in one]):>20} {_cell([r.index_mb for r in on]):>20} {s_on:>6,} "
+              f"{worst / s_on:>5.2f} | {rates:>35}")
 
 
-def _cell(spread: Spread) -> str:
+def _cell(values: list[float]) -> str:
     """One figure, or min / median / max when runs differ."""
+    spread = Spread.of(values)
     if spread.min == spread.max:
         return f"{spread.median:,.1f}"
     return spread.show("{:,.1f}")
@@ -238,10 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys = _keys(count, seed=rep)
         for table in (1, 2):
             for batch in BATCHES:
-                for compaction in (False, True):
+                for compaction in MODES:
                     run, state = _size_run(table, keys, batch, compaction, seed=rep * 1000 + batch)
                     runs.append(run)
-                    if rep == 0 and table == 2 and batch == BATCHES[-1] and compaction:
+                    if rep == 0 and table == 2 and batch == BATCHES[-1] and compaction == "default":
                         tree = state, keys
                     _progress(f"run {rep + 1}, table {table}, batch {batch}, compaction {compaction}: "
                               f"{run.index_mb:,.1f} MB after truncation, {run.appended_mb:,.1f} MB appended, "
@@ -249,8 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"attribute index, {count:,} attributes, 32 KiB nodes, {args.size_runs} run(s) a row. "
           "MB = 10^6 bytes.\n'appended': every byte the runs appended (the segment never truncated); "
-          "'truncated' and 'compaction':\nthe segment length less the root's min_offset, i.e. "
-          "the size once head-truncated to the lowest live page.\n'ratio': compaction (max) / seed.")
+          "'truncated' and compaction:\nthe segment length less the root's min_offset, i.e. "
+          "the size once head-truncated to the lowest live page.\n'ratio': default (max) / seed.")
     _size_table(runs, 1, SEED_TABLE1)
     _size_table(runs, 2, SEED_TABLE2)
     print(f"(Table 2 bulk-loads in sorted batches of {BULK_BATCH:,}; "

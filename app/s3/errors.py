@@ -33,6 +33,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "AuthorizationHeaderMalformed": 400,
     "BadDigest": 400,
     "EntityTooLarge": 400,
+    "EntityTooSmall": 400,
     "IncompleteBody": 400,
     "InvalidArgument": 400,
     "InvalidBucketName": 400,

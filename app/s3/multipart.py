@@ -34,6 +34,8 @@ from app.s3.errors import S3Error
 from engine import SegmentNotFound, SegmentStore, SegstoreError
 
 PART_NUMBER_MAX = 10000
+# As on S3: every part but the last is at least 5 MiB.
+PART_MIN_BYTES = 5 * 1024 * 1024
 # The part log's first line: bucket and key, JSON without ASCII escapes (a key is at most 1 KiB).
 _HEADER_MAX_BYTES = 8 * 1024
 
@@ -167,6 +169,13 @@ def complete(
         if part is None or part.etag != etag.strip('"'):
             raise S3Error(
                 "InvalidPart", f"One or more of the specified parts could not be found: part {number}"
+            )
+    for number, _ in chosen[:-1]:
+        if known[number].size < PART_MIN_BYTES:
+            raise S3Error(
+                "EntityTooSmall",
+                f"Your proposed upload is smaller than the minimum allowed size: part {number} "
+                f"is {known[number].size} bytes; every part but the last needs {PART_MIN_BYTES}",
             )
     upload = upload_name(upload_id)
     for number, _ in chosen:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Iterator
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, unquote
 
 from flask import Blueprint, Response, current_app, request
 from werkzeug.http import http_date, parse_date
@@ -122,9 +123,9 @@ def bucket_view(bucket: str) -> Response:
         objects.require_bucket(store, bucket)
         return _delete_objects(store, verdict, bucket)
     if method == "HEAD":
-        objects.require_bucket(store, bucket)
         if not verdict.principal.touches(bucket + "/"):
             raise S3Error("AccessDenied", "Access Denied")
+        objects.require_bucket(store, bucket)
         return Response(status=200, headers={"x-amz-bucket-region": "us-east-1"})
     if method == "GET":
         objects.require_bucket(store, bucket)
@@ -317,7 +318,9 @@ def object_view(bucket: str, key: str) -> Response:
         return _get_object(store, name, head=method == "HEAD")
     _require(verdict, auth.Access.WRITE, name)
     if "X-Amz-Copy-Source" in request.headers:
-        raise S3Error("NotImplemented", "CopyObject and UploadPartCopy are not implemented")
+        if method != "PUT" or "uploadId" in args:
+            raise S3Error("NotImplemented", "UploadPartCopy is not implemented")
+        return _copy_object(store, verdict, name)
     if method == "PUT" and "uploadId" in args:
         return _upload_part(store, verdict, bucket, key)
     if method == "PUT":
@@ -464,6 +467,36 @@ def _put_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Respo
         if_match=request.headers.get("If-Match"),
     )
     return Response(status=200, headers={"ETag": f'"{body.etag}"', **body.checksum_headers()})
+
+
+def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Response:
+    """CopyObject: the source's bytes staged beside the target, then published like a PutObject.
+
+    The copy's ETag is the MD5 of the bytes (computed as they are copied);
+    metadata directives do not apply, as no metadata is stored.
+    """
+    source = unquote(request.headers["X-Amz-Copy-Source"]).partition("?")[0].lstrip("/")
+    source_bucket, _, source_key = source.partition("/")
+    objects.require_bucket(store, source_bucket)
+    source_name = objects.object_name(source_bucket, source_key)
+    _require(verdict, auth.Access.READ, source_name)
+    info = store.info(source_name)
+    copy_if_match = request.headers.get("X-Amz-Copy-Source-If-Match")
+    if copy_if_match is not None and copy_if_match.strip('"') != objects.etag_of(store, info):
+        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+    md5 = hashlib.md5()
+
+    def pieces() -> Iterator[bytes]:
+        for piece in _stream(store, info, 0, info.length):
+            md5.update(piece)
+            yield piece
+
+    staging = objects.stage(store, name, pieces())
+    published = objects.publish(store, name, staging, md5.hexdigest())
+    return document(
+        "CopyObjectResult",
+        [("LastModified", iso8601(published.last_modified)), ("ETag", f'"{md5.hexdigest()}"')],
+    )
 
 
 def _append_object(store: SegmentStore, verdict: sigv4.Verdict, name: str, offset_header: str) -> Response:

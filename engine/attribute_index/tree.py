@@ -21,7 +21,11 @@ every batch the index also re-appends the page with the lowest offset that
 the batch does not rewrite anyway, found by following the lowest
 ``child_min_offset`` from the root, with the ancestors the batch does not
 already rewrite. The new root's ``min_offset`` is the lowest live offset:
-everything below it may be head-truncated.
+everything below it may be head-truncated. Beyond the seed, a batch that
+rewrites many pages moves more than one: the next lowest follow until the
+moved bytes reach ``compaction_ratio`` (1/8) of the batch's own, which keeps
+the live size down when large batches leave few pages untouched for long;
+``compaction_ratio=0`` is the seed's one page a batch.
 
 Threads: ``get`` and ``items`` may run in any number of threads while one
 writer plans and commits; plans are not run concurrently with each other.
@@ -40,10 +44,13 @@ from operator import itemgetter, le
 
 from engine.attribute_index.cache import NodeCache
 from engine.attribute_index.page import (
+    INDEX_ENTRY_BYTES,
     INT64_MAX,
     INT64_MIN,
     KEY_BYTES,
+    LEAF_ENTRY_BYTES,
     NODE_MAX_BYTES,
+    OVERHEAD_BYTES,
     Branch,
     Leaf,
     Node,
@@ -59,6 +66,8 @@ from engine.errors import DataCorrupted, InvalidArgument
 # A child not rewritten by the plan: (page offset, page length, lowest offset in its subtree).
 Ptr = tuple[int, int, int]
 _INF = float("inf")
+# Progressive compaction moves pages until their bytes reach this share of the batch's own.
+COMPACTION_RATIO = 0.125
 # Above this many changes to one leaf, rebuild it from a dict instead of inserting one by one.
 _REBUILD_CHANGES = 64
 _first = itemgetter(0)
@@ -112,6 +121,7 @@ class AttributeIndex:
         length: int,
         *,
         compaction: bool = True,
+        compaction_ratio: float = COMPACTION_RATIO,
         cache: NodeCache | None = None,
         node_max_bytes: int = NODE_MAX_BYTES,
     ) -> None:
@@ -123,6 +133,7 @@ class AttributeIndex:
         self._root = root
         self._length = length
         self.compaction = compaction
+        self.compaction_ratio = compaction_ratio
         self._cache = cache if cache is not None else NodeCache()
         self._namespace = object()
         self._node_max_bytes = node_max_bytes
@@ -319,6 +330,12 @@ class AttributeIndex:
             if type(other) is tuple:
                 replaced.append(other[0])
             merged = _concat(a, b)
+            if type(merged) is _DraftBranch:
+                # a's last child and b's first are neighbours now: either may be a changed child
+                # under its bound that had no neighbour before.
+                edge = rightmost and left + 2 == len(kids)
+                self._rebalance(merged.keys, merged.kids, edge, replaced)
+                total = len(merged.keys)
             if total <= self._capacity(kid):
                 kids[left : left + 2] = [merged]
                 del keys[left + 1]
@@ -373,24 +390,42 @@ class AttributeIndex:
         return None
 
     def _compact(self, top: Kid, replaced: list[int]) -> Kid:
-        """``top`` with the lowest page it keeps, and that page's kept ancestors, turned into drafts."""
+        """``top`` with its lowest kept pages, and their kept ancestors, turned into drafts.
+
+        The lowest page always moves; the next lowest follow while the bytes
+        moved stay under ``compaction_ratio`` of the bytes the batch itself
+        rewrites.
+        """
         if type(top) is tuple:
             top = self._draft_of(top, replaced)
+        budget = self.compaction_ratio * _draft_bytes(top)
+        moved = 0
+        while True:
+            length = self._move_lowest(top, replaced)
+            moved += length
+            if not length or moved >= budget:
+                return top
+
+    def _move_lowest(self, top: Draft, replaced: list[int]) -> int:
+        """Turn the lowest kept page under ``top``, and its kept ancestors, into drafts.
+
+        Returns that page's length, 0 if ``top`` keeps no page.
+        """
         node = top
         while type(node) is _DraftBranch:
             kids = node.kids
             lows = [kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in kids]
             low = min(lows)
             if low == _INF:
-                break
+                return 0
             best = lows.index(low)
             kid = kids[best]
             if type(kid) is tuple:
                 kids[best] = self._draft_of(kid, replaced)
                 if kid[0] == kid[2]:
-                    break
+                    return kid[1]
             node = kids[best]
-        return top
+        return 0
 
     def _draft_of(self, ptr: Ptr, replaced: list[int]) -> Draft:
         node = self._fetch(ptr[0], ptr[1])
@@ -459,6 +494,14 @@ def _concat(a: Node | Draft, b: Node | Draft) -> Draft:
     if type(a) is Leaf:
         return Leaf(a.keys + b.keys, a.values + b.values)
     return _DraftBranch(a.keys + b.keys, _kids_of(a) + _kids_of(b))
+
+
+def _draft_bytes(draft: Draft) -> int:
+    """The bytes the pages of ``draft`` and the drafts under it will take."""
+    if type(draft) is Leaf:
+        return OVERHEAD_BYTES + len(draft.keys) * LEAF_ENTRY_BYTES
+    below = sum(_draft_bytes(kid) for kid in draft.kids if type(kid) is not tuple)
+    return OVERHEAD_BYTES + len(draft.kids) * INDEX_ENTRY_BYTES + below
 
 
 def _lowest_kept(draft: Draft) -> float:

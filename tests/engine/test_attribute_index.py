@@ -7,12 +7,13 @@ import threading
 from collections.abc import Iterable, Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
 from engine.attribute_index import page as pages
 from engine.attribute_index.page import INT64_MAX, INT64_MIN, NODE_MAX_BYTES
+from engine.attribute_index.tree import COMPACTION_RATIO
 from engine.errors import DataCorrupted, InvalidArgument
 
 SMALL_NODE_BYTES = 200  # 7 entries a leaf, 5 children an index page: splits and merges with few keys
@@ -126,41 +127,50 @@ def check_tree(
 def assert_same(index: AttributeIndex, model: dict[bytes, int], probe: Iterable[bytes]) -> None:
     assert list(index.items()) == sorted(model.items())
     probe = list(probe)
+    start = probe[len(probe) // 2]
+    assert list(index.items(start)) == sorted((k, v) for k, v in model.items() if k >= start)
     assert index.get(probe) == {k: model[k] for k in probe if k in model}
 
 
 KEYS = st.integers(0, 299).map(key) | st.sampled_from([bytes(16), b"\xff" * 16])
 VALUES = st.none() | st.integers(INT64_MIN, INT64_MAX)
-BATCH = st.dictionaries(KEYS, VALUES, max_size=40) | st.tuples(st.integers(0, 299), st.integers(0, 299))
+RANGE = st.tuples(st.sampled_from(["put", "remove"]), st.integers(0, 299), st.integers(0, 299))
+BATCH = st.dictionaries(KEYS, VALUES, max_size=40) | RANGE
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     batches=st.lists(BATCH, min_size=1, max_size=25),
     compaction=st.booleans(),
     reopen_every=st.integers(1, 6),
 )
 def test_matches_a_dict_through_splits_merges_and_reopening(
-    batches: list[dict[bytes, int | None] | tuple[int, int]], compaction: bool, reopen_every: int
+    batches: list[dict[bytes, int | None] | tuple[str, int, int]], compaction: bool, reopen_every: int
 ) -> None:
     segment = Segment()
     index = AttributeIndex(segment.read, None, 0, compaction=compaction, node_max_bytes=SMALL_NODE_BYTES)
     model: dict[bytes, int] = {}
     probe = [key(i) for i in range(0, 300, 7)] + [bytes(16), b"\xff" * 16]
+    tallest = removed = 0
     for n, batch in enumerate(batches, 1):
-        if isinstance(batch, tuple):  # remove a whole range: many merges at once
-            lo, hi = sorted(batch)
-            batch = {k: None for k in model if key(lo) <= k <= key(hi)}
+        if isinstance(batch, tuple):  # a whole range at once: many splits, or many merges
+            verb, lo, hi = batch[0], *sorted(batch[1:])
+            batch = {key(i): None if verb == "remove" else n * i for i in range(lo, hi + 1)}
+        removed += sum(1 for k, v in batch.items() if v is None and k in model)
         apply(index, segment, batch)
         update_model(model, batch)
         assert_same(index, model, [*probe, *batch])
-        check_tree(segment, index.root, SMALL_NODE_BYTES)
+        height, _ = check_tree(segment, index.root, SMALL_NODE_BYTES)
+        tallest = max(tallest, height)
         if n % reopen_every == 0:
             index = AttributeIndex(
                 segment.read, index.root, index.length, compaction=compaction,
                 cache=NodeCache(), node_max_bytes=SMALL_NODE_BYTES,
             )
             assert_same(index, model, probe)
+    # Steer the search towards tall trees that then shrink.
+    target(float(tallest), label="height")
+    target(float(min(removed, 40 * tallest)), label="removals")
 
 
 def test_real_node_size_splits_and_merges() -> None:
@@ -267,14 +277,18 @@ def test_invalid_changes_are_refused() -> None:
             index.plan(changes)  # type: ignore[arg-type]
 
 
-def _window_run(compaction: bool, batches: int) -> tuple[list[int], list[int], list[int], list[int]]:
+def _window_run(
+    compaction: bool, batches: int, ratio: float = COMPACTION_RATIO
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """Load 3,000 keys, then update random keys of the upper half only, 20 a batch.
 
     Returns per batch: the segment length less the root's min_offset (the
     size after head truncation), the bytes appended, and the live pages.
     """
     store = PageStore()
-    index = AttributeIndex(store.read, None, 0, compaction=compaction, node_max_bytes=1024)
+    index = AttributeIndex(
+        store.read, None, 0, compaction=compaction, compaction_ratio=ratio, node_max_bytes=1024
+    )
     apply(index, store, {key(i): i for i in range(3_000)})
     rng = random.Random(7)
     windows, appended, live, live_bytes = [], [], [], []
@@ -293,17 +307,18 @@ def _window_run(compaction: bool, batches: int) -> tuple[list[int], list[int], l
     return windows, appended, live, live_bytes
 
 
-def test_progressive_compaction_bounds_the_live_size() -> None:
+@pytest.mark.parametrize("ratio", [0.0, COMPACTION_RATIO], ids=["one page a batch", "default"])
+def test_progressive_compaction_bounds_the_live_size(ratio: float) -> None:
     """With compaction, length - min_offset stays under a bound; without it, it grows without bound.
 
-    The bound: each batch re-appends the lowest page it does not rewrite, and
-    pages written later all lie above it, so every page older than batch t is
-    rewritten or moved by batch t + P (P: pages in the tree). The oldest live
-    page is then at most P batches old, and the window is at most the bytes
-    appended by the last P batches.
+    The bound: each batch re-appends the lowest page it does not rewrite (at
+    least), and pages written later all lie above it, so every page older
+    than batch t is rewritten or moved by batch t + P (P: pages in the tree).
+    The oldest live page is then at most P batches old, and the window is at
+    most the bytes appended by the last P batches.
     """
     batches = 1_500
-    windows, appended, live, _ = _window_run(True, batches)
+    windows, appended, live, _ = _window_run(True, batches, ratio)
     pages_max = max(live)
     for n in range(pages_max, batches):
         assert windows[n] <= sum(appended[n - pages_max + 1 : n + 1])

@@ -67,11 +67,16 @@ def test_sync_and_ls(s3: Any, s3_server: ServerProcess, bucket: str, tmp_path: P
     assert all(f"tree/{rel}" in recursive.stdout for rel in files)
     buckets = aws(s3_server, "s3", "ls")
     assert bucket in buckets.stdout
+    moved = aws(s3_server, "s3", "mv", f"s3://{bucket}/tree/a.txt", f"s3://{bucket}/moved/a.txt")
+    assert moved.returncode == 0, moved.stderr  # CopyObject, then DeleteObject
+    assert s3.get_object(Bucket=bucket, Key="moved/a.txt")["Body"].read() == files["a.txt"]
     back = tmp_path / "back"
     result = aws(s3_server, "s3", "sync", f"s3://{bucket}/tree", str(back))
     assert result.returncode == 0, result.stderr
     for rel, content in files.items():
-        assert (back / rel).read_bytes() == content
+        if rel != "a.txt":
+            assert (back / rel).read_bytes() == content
+    assert not (back / "a.txt").exists()
 
 
 def test_presign_and_wrong_secret(s3: Any, s3_server: ServerProcess, bucket: str, tmp_path: Path) -> None:

@@ -197,3 +197,39 @@ def test_content_md5_mismatch_is_bad_digest(s3: Any, bucket: str) -> None:
     with pytest.raises(ClientError) as err:
         s3.put_object(Bucket=bucket, Key="md5", Body=b"payload", ContentMD5=wrong)
     assert err.value.response["Error"]["Code"] == "BadDigest"
+
+
+def test_parts_but_the_last_are_at_least_5_mib(s3: Any, bucket: str) -> None:
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="small")["UploadId"]
+    etags = [
+        s3.upload_part(Bucket=bucket, Key="small", UploadId=upload_id, PartNumber=n, Body=b"tiny")["ETag"]
+        for n in (1, 2)
+    ]
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="small",
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n - 1]} for n in (1, 2)]},
+        )
+    assert err.value.response["Error"]["Code"] == "EntityTooSmall"
+    done = s3.complete_multipart_upload(  # a single small part is the last part: fine
+        Bucket=bucket,
+        Key="small",
+        UploadId=upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": etags[1]}]},
+    )
+    assert done["ETag"].endswith('-1"')
+    assert s3.get_object(Bucket=bucket, Key="small")["Body"].read() == b"tiny"
+
+
+def test_copy_object(s3: Any, bucket: str) -> None:
+    data = os.urandom(3 * MiB)
+    s3.put_object(Bucket=bucket, Key="src/a", Body=data)
+    copied = s3.copy_object(Bucket=bucket, Key="dst/b", CopySource={"Bucket": bucket, "Key": "src/a"})
+    assert copied["CopyObjectResult"]["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    assert s3.get_object(Bucket=bucket, Key="dst/b")["Body"].read() == data
+    assert s3.get_object(Bucket=bucket, Key="src/a")["Body"].read() == data
+    with pytest.raises(ClientError) as err:
+        s3.copy_object(Bucket=bucket, Key="dst/c", CopySource={"Bucket": bucket, "Key": "src/missing"})
+    assert err.value.response["Error"]["Code"] == "NoSuchKey"
