@@ -88,6 +88,8 @@ class IndexUpdate:
 
     ``obsolete`` lists the offsets of the pages the old root reaches and the
     new one does not (an in-memory page store may drop them once committed).
+    ``nodes`` holds each page of ``data``, in order, as (offset, decoded
+    node): ``commit`` puts them in the cache.
     """
 
     offset: int
@@ -193,7 +195,11 @@ class AttributeIndex:
         return found
 
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, int]]:
-        """Every (key, value) with key >= ``start``, in key order, as of the root when called."""
+        """Every (key, value) with key >= ``start``, in key order, as of the root when called.
+
+        Unlike ``get`` it does not move on to a newer root: pages the caller
+        head-truncates while the iteration runs make it fail.
+        """
         root = self.root
         if root is None:
             return iter(())
@@ -227,12 +233,12 @@ class AttributeIndex:
 
     def plan(self, changes: Mapping[bytes, int | None]) -> IndexUpdate:
         """The pages that apply ``changes`` (key -> value, None removes), without adopting them."""
-        items = sorted(changes.items())
-        for key, value in items:
+        for key, value in changes.items():
             if type(key) is not bytes or len(key) != KEY_BYTES:
                 raise InvalidArgument(f"an attribute key is {KEY_BYTES} bytes, not {key!r}")
             if value is not None and not (type(value) is int and INT64_MIN <= value <= INT64_MAX):
                 raise InvalidArgument(f"an attribute value is an int64, not {value!r}")
+        items = sorted(changes.items())
         with self._lock:
             root, base = self._root, self._length
         replaced: list[int] = []

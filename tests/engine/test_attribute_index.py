@@ -272,7 +272,7 @@ def test_corrupted_pages_raise_data_corrupted(damage: str) -> None:
 
 def test_invalid_changes_are_refused() -> None:
     index = AttributeIndex(Segment().read, None, 0)
-    for changes in ({b"short": 1}, {key(1): 2**63}, {key(1): "1"}, {"x" * 16: 1}):
+    for changes in ({b"short": 1}, {key(1): 2**63}, {key(1): "1"}, {"x" * 16: 1}, {key(1): 1, "x" * 16: 1}):
         with pytest.raises(InvalidArgument):
             index.plan(changes)  # type: ignore[arg-type]
 
