@@ -20,11 +20,12 @@ a few slice and array operations instead of a loop per entry.
 
 In an index page, child ``i`` holds the keys ``k`` with
 ``keys[i] <= k < keys[i+1]``: a separator is never above a key of its child.
-(A lookup of a key below ``keys[0]`` goes to child 0 and finds nothing; an
-insert there lowers ``keys[0]`` on the way back up.) ``child_min_offset`` is the lowest page
-offset in the child's subtree (a leaf's is its own offset). Children are
-always appended before their parent, so an index page's own offset is above
-all of them and its subtree minimum is ``min(child_min_offset)``.
+(A key below ``keys[0]`` is looked up in child 0; a batch that inserts one
+there lowers ``keys[0]``, at every level on the way up.)
+``child_min_offset`` is the lowest page offset in the child's subtree (a
+leaf's is its own offset). Children are always appended before their
+parent, so an index page's own offset is above all of them and its subtree
+minimum is ``min(child_min_offset)``.
 """
 
 from __future__ import annotations
