@@ -13,6 +13,9 @@ durable appends):
     appends at a fixed rate; milliseconds from just before an append is sent
     to the reader holding its bytes (p50 and p99).
 
+Every part starts with segstore's Tier 2 backlog drained (the storage writer
+would otherwise still be flushing the previous part's appends).
+
 Each figure is min / median / max over ``--repeat`` runs, servers measured
 alternately. The reference server is installed into ``.cache/streams-reference``
 with npm the first time. The load generator is ``bench.appends``'s: asyncio
@@ -39,7 +42,7 @@ from typing import Any
 
 import requests
 
-from bench.appends import Spread, _percentile, _request_bytes
+from bench.appends import Spread, _percentile, _request_bytes, _wait_writer_idle
 from tests.serverproc import ROOT, ServerProcess, free_port
 
 HOST = "127.0.0.1"
@@ -331,15 +334,19 @@ class Run:
     tail_p99_ms: float
 
 
-def measure_server(url: str, port: int, plan: Plan, tag: str) -> Run:
+def measure_server(url: str, port: int, plan: Plan, tag: str, settle: Callable[[], None]) -> Run:
+    """One run against one server: the tail first, each part from a quiet server (``settle``)."""
     one = f"bench-one-{tag}"
     many = [f"bench-many-{tag}-{i}" for i in range(CLIENTS)]
     tail = f"bench-tail-{tag}"
     for name in [one, *many, tail]:
         create_stream(url, name)
-    one_rate = appends_per_s(port, [one], plan)
-    many_rate = appends_per_s(port, many, plan)
+    settle()
     p50, p99 = asyncio.run(_tail_latency(port, tail, plan.tail_rate, plan.tail_duration_s))
+    settle()
+    one_rate = appends_per_s(port, [one], plan)
+    settle()
+    many_rate = appends_per_s(port, many, plan)
     return Run(one_rate, many_rate, p50, p99)
 
 
@@ -350,9 +357,12 @@ def measure(plan: Plan, workdir: Path, progress: Callable[[str], None]) -> dict[
         ReferenceServer(workdir / "reference" / "data") as reference,
     ):
         for i in range(plan.repeat):
+            # segstore's storage writer moves the last run's appends to Tier 2 in the
+            # background; the reference server has no such work to wait for.
+            settles = {"segstore": lambda: _wait_writer_idle(segstore), "reference": lambda: None}
             for name, server in (("segstore", segstore), ("reference", reference)):
                 progress(f"run {i + 1}/{plan.repeat}: {name}")
-                runs[name].append(measure_server(server.url, server.port, plan, f"r{i}"))
+                runs[name].append(measure_server(server.url, server.port, plan, f"r{i}", settles[name]))
     summary = {
         name: {field: asdict(Spread.of([getattr(r, field) for r in rs])) for field in asdict(rs[0])}
         for name, rs in runs.items()
