@@ -138,6 +138,7 @@ RANGE = st.tuples(st.sampled_from(["put", "remove"]), st.integers(0, 299), st.in
 BATCH = st.dictionaries(KEYS, VALUES, max_size=40) | RANGE
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     batches=st.lists(BATCH, min_size=1, max_size=25),
