@@ -99,8 +99,9 @@ ADMIN_ALL = (Grant("", Access.ADMIN),)
 class AuthConfig:
     """Everything auth needs, loaded once per app."""
 
-    tokens: tuple[tuple[bytes, Principal], ...]  # (SHA-256 of the token, principal)
-    s3_secrets: dict[str, str]
+    # (SHA-256 of the token, principal); neither they nor the secrets appear in a repr.
+    tokens: tuple[tuple[bytes, Principal], ...] = field(repr=False)
+    s3_secrets: dict[str, str] = field(repr=False)
     s3_principals: dict[str, Principal]
     native_enabled: bool
     loopback: bool
@@ -150,7 +151,10 @@ def load_auth(settings: Settings) -> AuthConfig:
     tokens: list[tuple[bytes, Principal]] = []
     s3_principals: dict[str, Principal] = {}
     if settings.auth_file:
-        raw = tomllib.loads(Path(settings.auth_file).read_text())
+        try:
+            raw = tomllib.loads(Path(settings.auth_file).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise InvalidArgument(f"setting auth_file: cannot read {settings.auth_file}: {err}") from None
         for i, entry in enumerate(raw.get("token", [])):
             token = entry.get("token")
             if not isinstance(token, str) or len(token) < 16:

@@ -198,6 +198,12 @@ def test_grants_and_config_parsing(tmp_path: Path) -> None:
     assert keys.s3_principals["AK1"].allows(Access.ADMIN, "any/name")  # no auth file: keys are admins
     with pytest.raises(InvalidArgument):
         load_auth(Settings(s3_keys="AK1"))
+    assert "secret1" not in repr(keys)
+    with pytest.raises(InvalidArgument):
+        load_auth(Settings(auth_file=str(tmp_path / "missing.toml")))
+    bad.write_text("[[token]\n")
+    with pytest.raises(InvalidArgument):
+        load_auth(Settings(auth_file=str(bad)))
 
 
 def test_s3_is_anonymous_only_on_loopback_without_keys(tmp_path: Path) -> None:
