@@ -38,9 +38,14 @@ soft-deleted while forks need them) when next touched and by a reaper thread
 every ``stream_reap_interval_s``. The last access time lives in memory: after
 a restart, the window starts again from the restart.
 
-Weak spots, named: ``Stream-Seq`` is recorded in the meta segment after the
-data append, so a crash between the two forgets it; the in-memory state is
-loaded from every meta segment at the first request.
+``Stream-Seq``: the meta segment gets a record ``(seq, generation n)``
+first; the append then moves the data segment's generation attribute from
+n-1 to n atomically with its bytes. At load, the seq of the attribute's
+generation is the last one, so a record whose append never happened does
+not count.
+
+Weak spot, named: the in-memory state is loaded from every meta segment at
+the first request (a cost that grows with the number of streams).
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _META_PREFIX = "streams/meta/"
 _DATA_PREFIX = "streams/data/"
 _PRODUCER_NAMESPACE = uuid.UUID("6f1d8a52-3b0e-4f7c-9a51-0d6c2b7e4a10")
+# The data segment's count of appends that carried a Stream-Seq.
+SEQ_GENERATION_KEY = uuid.uuid5(_PRODUCER_NAMESPACE, "stream-seq-generation")
 # Producer epochs and sequence numbers are JavaScript's safe integers, as the protocol's clients send.
 MAX_PRODUCER_SEQ = MAX_PRODUCER_EPOCH = 2**53 - 1
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -242,6 +249,7 @@ class _Stream:
     name: str
     config: StreamConfig
     last_seq: str | None = None
+    seq_generation: int = 0  # how many appends carried a Stream-Seq (an attribute of the data segment)
     closed_by: tuple[str, int, int] | None = None
     soft_deleted: bool = False
     forks: int = 0
@@ -410,10 +418,11 @@ class StreamStore:
         if not records or records[0].get("t") != "config":
             return None
         stream = _Stream(name, StreamConfig.from_json(records[0]))
+        seqs: dict[int, str] = {}
         for record in records[1:]:
             kind = record["t"]
             if kind == "seq":
-                stream.last_seq = record["seq"]
+                seqs[record["generation"]] = record["seq"]  # a later try of a generation wins
             elif kind == "closed_by":
                 stream.closed_by = (record["producer"], record["epoch"], record["seq"])
             elif kind == "soft_deleted":
@@ -424,6 +433,11 @@ class StreamStore:
             return None
         if stream.closed_by is not None and not info.sealed:
             self.store.seal(stream.config.data_segment)  # the crash came between record and seal
+        # A seq record whose append never happened has a generation past the attribute's.
+        stream.seq_generation = (
+            self.store.get_attributes(info.name, [SEQ_GENERATION_KEY])[SEQ_GENERATION_KEY] or 0
+        )
+        stream.last_seq = seqs.get(stream.seq_generation)
         return stream
 
     def _read_all(self, segment: str) -> list[bytes]:
@@ -830,8 +844,20 @@ class StreamStore:
                 AttributeUpdate(key, AttributeUpdateType.REPLACE_IF_EQUALS, value, expected=old)
                 for key, value, old in zip(keys, (producer.epoch, producer.seq), last, strict=True)
             ]
-        if seq is not None and stream.last_seq is not None and seq <= stream.last_seq:
-            raise StreamConflict(f"Stream-Seq {seq!r} is not above the last one, {stream.last_seq!r}")
+        if seq is not None and payload:
+            if stream.last_seq is not None and seq <= stream.last_seq:
+                raise StreamConflict(f"Stream-Seq {seq!r} is not above the last one, {stream.last_seq!r}")
+            # The record first, then the append that makes it count (its generation), atomically.
+            generation = stream.seq_generation + 1
+            self._record(stream, {"t": "seq", "seq": seq, "generation": generation})
+            updates.append(
+                AttributeUpdate(
+                    SEQ_GENERATION_KEY,
+                    AttributeUpdateType.REPLACE_IF_EQUALS,
+                    generation,
+                    expected=stream.seq_generation or None,
+                )
+            )
         try:
             if payload:
                 result = self.store.append(segment, _frame(payload), attributes=updates)
@@ -840,9 +866,8 @@ class StreamStore:
                 self.store.update_attributes(segment, updates)
         except SegmentSealed:
             raise self._closed(stream) from None
-        if seq is not None:
-            self._record(stream, {"t": "seq", "seq": seq})
-            stream.last_seq = seq
+        if seq is not None and payload:
+            stream.last_seq, stream.seq_generation = seq, stream.seq_generation + 1
         if close:
             if producer is not None:
                 closer = {"producer": producer.producer_id, "epoch": producer.epoch, "seq": producer.seq}

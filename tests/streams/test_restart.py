@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import requests
 
 from engine import Settings
+from engine.streams import _frame, meta_segment
 from tests.serverproc import ServerProcess
 from tests.streams.conftest import close_app, open_app
 
@@ -74,3 +76,25 @@ def test_acknowledged_appends_survive_kill_9(tmp_path: Path) -> None:
             "Producer-Seq": "49",
         }
         assert requests.post(url, data="49;", headers=retry, timeout=10).status_code == 409
+
+
+def test_a_seq_record_whose_append_never_happened_does_not_count(settings: Settings) -> None:
+    app = open_app(settings)
+    client = app.test_client()
+    plain = {"Content-Type": "text/plain"}
+    client.put(URL + "s", headers=plain)
+    assert client.post(URL + "s", data="a", headers={**plain, "Stream-Seq": "5"}).status_code == 204
+    # What a crash between the record and its append leaves: a record of the next generation.
+    app.extensions["segstore"].append(
+        meta_segment("s"), _frame(json.dumps({"t": "seq", "seq": "9", "generation": 2}).encode())
+    )
+    close_app(app)
+
+    app = open_app(settings)
+    try:
+        client = app.test_client()
+        assert client.post(URL + "s", data="b", headers={**plain, "Stream-Seq": "5"}).status_code == 409
+        assert client.post(URL + "s", data="c", headers={**plain, "Stream-Seq": "7"}).status_code == 204
+        assert client.get(URL + "s?offset=-1").data == b"ac"
+    finally:
+        close_app(app)
