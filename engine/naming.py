@@ -14,6 +14,10 @@
   name: transactions ``<parent>#transaction.<id>``, merge staging
   ``<target>#merge.<nonce>``. A segment's attribute index is stored in chunks
   named for ``<name>#attributes`` (not a segment of its own).
+- A Durable Stream is ``streams/meta/<escaped name>`` and
+  ``streams/data/<escaped name>/<incarnation>``: any stream name, escaped
+  into one name part (bytes outside ``[A-Za-z0-9_-]`` become ``~HH``). No
+  ``#``: idle internal segments are aborted as stale transactions.
 """
 
 from __future__ import annotations
@@ -145,3 +149,38 @@ def layout_key(segment_name: str) -> str:
     """Where a segment's exported layout is kept in Tier 2."""
     return f"layouts/{_escaped(segment_name)}.json"
 
+
+STREAM_META_PREFIX = "streams/meta/"
+STREAM_DATA_PREFIX = "streams/data/"
+_STREAM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _stream_part(name: str) -> str:
+    return "".join(
+        chr(b) if b in _STREAM_SAFE else f"~{b:02X}" for b in name.encode("utf-8", "surrogatepass")
+    )
+
+
+def stream_meta_segment(name: str) -> str:
+    """The segment of a stream's configuration and state records."""
+    return STREAM_META_PREFIX + _stream_part(name)
+
+
+def stream_data_segment(name: str, incarnation: str) -> str:
+    """The segment of the messages of one incarnation of a stream (a recreated stream is a new one)."""
+    return f"{STREAM_DATA_PREFIX}{_stream_part(name)}/{incarnation}"
+
+
+def stream_of_meta_segment(segment: str) -> str:
+    """The stream name a meta segment belongs to."""
+    part = segment.removeprefix(STREAM_META_PREFIX)
+    out = bytearray()
+    i = 0
+    while i < len(part):
+        if part[i] == "~":
+            out.append(int(part[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(ord(part[i]))
+            i += 1
+    return out.decode("utf-8", "surrogatepass")

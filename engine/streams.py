@@ -73,15 +73,19 @@ from engine.errors import (
     SegmentSealed,
     SegstoreError,
 )
+from engine.naming import (
+    STREAM_DATA_PREFIX,
+    STREAM_META_PREFIX,
+    stream_data_segment,
+    stream_meta_segment,
+    stream_of_meta_segment,
+)
 from engine.store import SegmentStore
 
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct(">I")
 _OFFSET = re.compile(r"^(\d+)_(\d+)$")
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_META_PREFIX = "streams/meta/"
-_DATA_PREFIX = "streams/data/"
 _PRODUCER_NAMESPACE = uuid.UUID("6f1d8a52-3b0e-4f7c-9a51-0d6c2b7e4a10")
 # The data segment's count of appends that carried a Stream-Seq.
 SEQ_GENERATION_KEY = uuid.uuid5(_PRODUCER_NAMESPACE, "stream-seq-generation")
@@ -144,28 +148,6 @@ def normalize_content_type(content_type: str | None) -> str:
 
 def is_json(content_type: str | None) -> bool:
     return normalize_content_type(content_type) == JSON_TYPE
-
-
-def _escape(name: str) -> str:
-    """A stream name as one segment-name part: bytes outside [A-Za-z0-9_-] become ``~HH``."""
-    return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in name.encode("utf-8", "surrogatepass"))
-
-
-def _unescape(part: str) -> str:
-    out = bytearray()
-    i = 0
-    while i < len(part):
-        if part[i] == "~":
-            out.append(int(part[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out.append(ord(part[i]))
-            i += 1
-    return out.decode("utf-8", "surrogatepass")
-
-
-def meta_segment(name: str) -> str:
-    return _META_PREFIX + _escape(name)
 
 
 def _frame(payload: bytes) -> bytes:
@@ -384,8 +366,8 @@ class StreamStore:
             if self._loaded:
                 return
             streams: dict[str, _Stream] = {}
-            for segment in self._list(_META_PREFIX):
-                name = _unescape(segment.removeprefix(_META_PREFIX))
+            for segment in self._list(STREAM_META_PREFIX):
+                name = stream_of_meta_segment(segment)
                 stream = self._load(name, segment)
                 if stream is None:
                     with contextlib.suppress(SegmentNotFound):
@@ -397,7 +379,7 @@ class StreamStore:
                 if source is not None:
                     source.forks += 1
             live = {s.config.data_segment for s in streams.values()}
-            for segment in self._list(_DATA_PREFIX):
+            for segment in self._list(STREAM_DATA_PREFIX):
                 if segment not in live:
                     with contextlib.suppress(SegmentNotFound):
                         self.store.delete(segment)
@@ -478,7 +460,7 @@ class StreamStore:
         return stream
 
     def _record(self, stream: _Stream, record: dict[str, Any]) -> None:
-        self.store.append(meta_segment(stream.name), _frame(json.dumps(record).encode()))
+        self.store.append(stream_meta_segment(stream.name), _frame(json.dumps(record).encode()))
 
     def _tail(self, stream: _Stream) -> tuple[int, bool]:
         """(tail position, closed) of the stream."""
@@ -497,7 +479,7 @@ class StreamStore:
         # The meta segment goes first: without it the stream is gone, and a
         # crash before the data segment's delete leaves only what load collects.
         with contextlib.suppress(SegmentNotFound):
-            self.store.delete(meta_segment(stream.name))
+            self.store.delete(stream_meta_segment(stream.name))
         with contextlib.suppress(SegmentNotFound):
             self.store.delete(stream.config.data_segment)
         del self._streams[stream.name]
@@ -670,7 +652,7 @@ class StreamStore:
                 payload = json_payload(body, allow_empty=True)
             config = StreamConfig(
                 content_type=content_type,
-                data_segment=f"{_DATA_PREFIX}{_escape(name)}/{uuid.uuid4().hex[:16]}",
+                data_segment=stream_data_segment(name, uuid.uuid4().hex[:16]),
                 ttl_s=ttl_s,
                 expires_at=expires_at,
                 forked_from=forked_from,
@@ -687,7 +669,7 @@ class StreamStore:
 
     def _create_segments(self, name: str, config: StreamConfig, messages: list[bytes], closed: bool) -> None:
         """Data segment first, meta segment last: the meta record is what makes the stream exist."""
-        meta = meta_segment(name)
+        meta = stream_meta_segment(name)
         self.store.create(config.data_segment)
         try:
             if messages:

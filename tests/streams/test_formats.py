@@ -5,18 +5,14 @@ from __future__ import annotations
 import pytest
 
 from engine import InvalidArgument
-from engine.naming import validate_segment_name
-from engine.streams import (
-    _escape,
-    _frame,
-    _unescape,
-    _unframe,
-    format_offset,
-    json_payload,
-    json_values,
-    meta_segment,
-    parse_offset,
+from engine.naming import (
+    STREAM_META_PREFIX,
+    stream_data_segment,
+    stream_meta_segment,
+    stream_of_meta_segment,
+    validate_segment_name,
 )
+from engine.streams import _frame, _unframe, format_offset, json_payload, json_values, parse_offset
 
 
 def test_offsets_sort_as_strings_and_parse_back() -> None:
@@ -31,10 +27,12 @@ def test_offsets_sort_as_strings_and_parse_back() -> None:
 
 @pytest.mark.parametrize("name", ["a", "a/b", "a:b#c?d%e\\f", "..", "/lead//double/", "ünï cödé", "~7E"])
 def test_any_stream_name_is_one_valid_segment_name_part(name: str) -> None:
-    escaped = _escape(name)
-    assert "/" not in escaped and escaped not in (".", "..")
-    assert validate_segment_name(meta_segment(name))
-    assert _unescape(escaped) == name
+    meta = stream_meta_segment(name)
+    escaped = meta.removeprefix(STREAM_META_PREFIX)
+    assert "/" not in escaped and escaped not in (".", "..") and "#" not in meta
+    assert validate_segment_name(meta)
+    assert validate_segment_name(stream_data_segment(name, "0123abcd"))
+    assert stream_of_meta_segment(meta) == name
 
 
 def test_frames_keep_message_boundaries() -> None:

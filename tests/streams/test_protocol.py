@@ -13,7 +13,8 @@ import pytest
 from flask.testing import FlaskClient
 
 from engine import SegmentStore, StreamStore
-from engine.streams import meta_segment, producer_keys
+from engine.naming import stream_meta_segment
+from engine.streams import producer_keys
 
 URL = "/v1/stream/"
 
@@ -278,6 +279,6 @@ def test_head_and_security_headers(client: FlaskClient) -> None:
 
 def test_meta_segment_names_the_configuration(client: FlaskClient, store: SegmentStore) -> None:
     put(client, "m", Content_Type="application/json", Stream_TTL="60")
-    record = json.loads(store.read(meta_segment("m"), 0).data[4:])
+    record = json.loads(store.read(stream_meta_segment("m"), 0).data[4:])
     assert record["t"] == "config"
     assert (record["content_type"], record["ttl_s"]) == ("application/json", 60)

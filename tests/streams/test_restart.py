@@ -9,7 +9,8 @@ import pytest
 import requests
 
 from engine import Settings
-from engine.streams import _frame, meta_segment
+from engine.naming import stream_meta_segment
+from engine.streams import _frame
 from tests.serverproc import ServerProcess
 from tests.streams.conftest import close_app, open_app
 
@@ -86,7 +87,7 @@ def test_a_seq_record_whose_append_never_happened_does_not_count(settings: Setti
     assert client.post(URL + "s", data="a", headers={**plain, "Stream-Seq": "5"}).status_code == 204
     # What a crash between the record and its append leaves: a record of the next generation.
     app.extensions["segstore"].append(
-        meta_segment("s"), _frame(json.dumps({"t": "seq", "seq": "9", "generation": 2}).encode())
+        stream_meta_segment("s"), _frame(json.dumps({"t": "seq", "seq": "9", "generation": 2}).encode())
     )
     close_app(app)
 
