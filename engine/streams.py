@@ -346,6 +346,8 @@ class StreamStore:
                 self.reap()
             except SegstoreError as exc:
                 log.info("stream reaper: %s %s", exc.code, exc.detail)
+            except Exception:  # the reaper must outlive a bad record; the next round tries again
+                log.exception("stream reaper failed")
 
     def reap(self) -> list[str]:
         """Delete (or soft-delete) every expired stream now; returns their names."""
