@@ -4,7 +4,9 @@
 
 - a SHA-256 in hex, or ``UNSIGNED-PAYLOAD``: the plain bytes (the hash is
   checked at the end: XAmzContentSHA256Mismatch);
-- ``STREAMING-UNSIGNED-PAYLOAD-TRAILER`` (botocore's default for uploads):
+- ``STREAMING-UNSIGNED-PAYLOAD-TRAILER`` (botocore's default for uploads over
+  https; over http it sends the plain body, its SHA-256 signed, and an
+  ``x-amz-checksum-crc32`` header):
   ``aws-chunked`` chunks ``<hex size>\\r\\n<bytes>\\r\\n``, a zero chunk, then
   trailers such as ``x-amz-checksum-crc32:<base64>``;
 - ``STREAMING-AWS4-HMAC-SHA256-PAYLOAD`` (``-TRAILER``): each chunk header

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import os
 import zlib
 from pathlib import Path
@@ -17,6 +18,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
+from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum, Sha1Checksum, Sha256Checksum
 
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 from tests.serverproc import ServerProcess
@@ -171,6 +173,34 @@ def _trailer_put(url: str, data: bytes, crc: str) -> requests.Response:
     return requests.put(url, data=body, headers=headers, timeout=30)
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "checksum_cls"),
+    [("crc32", Crc32Checksum), ("sha256", Sha256Checksum), ("sha1", Sha1Checksum)],
+)
+def test_botocore_aws_chunked_body_as_sent_over_https(
+    s3: Any, s3_server: ServerProcess, bucket: str, algorithm: str, checksum_cls: type
+) -> None:
+    """Over https botocore sends uploads aws-chunked with a checksum trailer; its own encoder builds one."""
+    data = os.urandom(300_000)
+    header = f"x-amz-checksum-{algorithm}"
+    body = AwsChunkedWrapper(
+        io.BytesIO(data), checksum_cls=checksum_cls, checksum_name=header, chunk_size=65536
+    )
+    url = f"{s3_server.url}/{bucket}/wrapped-{algorithm}"
+    headers = _signed_headers(
+        url,
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+        {
+            "Content-Encoding": "aws-chunked",
+            "X-Amz-Decoded-Content-Length": str(len(data)),
+            "X-Amz-Trailer": header,
+        },
+    )
+    response = requests.put(url, data=body.read(), headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    assert s3.get_object(Bucket=bucket, Key=f"wrapped-{algorithm}")["Body"].read() == data
+
+
 def test_unsigned_trailer_checksum_is_checked(s3: Any, s3_server: ServerProcess, bucket: str) -> None:
     data = b"trailer checked bytes"
     good = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
@@ -186,7 +216,7 @@ def test_unsigned_trailer_checksum_is_checked(s3: Any, s3_server: ServerProcess,
 
 @pytest.mark.parametrize("algorithm", ["CRC32", "SHA1", "SHA256"])  # CRC32C, CRC64NVME need awscrt
 def test_botocore_default_checksums(s3: Any, bucket: str, algorithm: str) -> None:
-    """botocore sends aws-chunked with a checksum trailer by default; each algorithm is checked."""
+    """Over http botocore sends the checksum as a header beside a signed SHA-256; both are checked."""
     data = os.urandom(100_000)
     s3.put_object(Bucket=bucket, Key=f"sum-{algorithm}", Body=data, ChecksumAlgorithm=algorithm)
     assert s3.get_object(Bucket=bucket, Key=f"sum-{algorithm}")["Body"].read() == data
