@@ -226,6 +226,9 @@ def test_empty_objects_and_unusual_keys(s3: Any, bucket: str) -> None:
         assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == key.encode()
     listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
     assert sorted(listed) == sorted(["empty", "with space/and+plus.txt", "ünï/cødé €.bin", "a=b&c/d;e,f"])
+    for prefix, key in (("with space/and+", "with space/and+plus.txt"), ("ünï/cødé ", "ünï/cødé €.bin")):
+        found = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)  # signed query with escapes
+        assert [o["Key"] for o in found["Contents"]] == [key]
     with pytest.raises(ClientError) as err:
         s3.put_object(Bucket=bucket, Key="bad:colon", Body=b"x")
     assert _code(err) == ("InvalidArgument", 400)
