@@ -269,3 +269,16 @@ def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "refusing to bind 0.0.0.0:0 with auth off" in result.stderr + result.stdout
+
+
+def test_durable_streams_routes_are_checked_by_stream_name(authed: FlaskClient) -> None:
+    assert authed.put("/v1/stream/w/events", data=b"").status_code == 401
+    assert authed.put("/v1/stream/r/events", data=b"", headers=bearer(WRITER)).status_code == 403
+    created = authed.put(
+        "/v1/stream/w/events",
+        data=b"",
+        headers={**bearer(WRITER), "Content-Type": "application/octet-stream"},
+    )
+    assert created.status_code in (200, 201), created.get_data(as_text=True)
+    assert authed.get("/v1/stream/w/events?offset=-1", headers=bearer(READER)).status_code == 403
+    assert authed.get("/v1/stream/w/events?offset=-1", headers=bearer(WRITER)).status_code == 200
