@@ -20,7 +20,8 @@ Principals come from two places:
 
 A grant gives ``read``, ``write`` or ``admin`` (each includes the ones before
 it) on every segment name that starts with its prefix (``""``: all names).
-Native routes need read for GET/HEAD and write for every other method; a
+Native routes (``/v1/segments/{name}...`` and ``/v1/stream/{name}``, judged by
+that name) need read for GET/HEAD and write for every other method; a
 merge needs write on its target and on its source (the merge deletes the
 source). A listing needs read on its whole ``prefix``: a grant whose prefix
 starts the requested one (otherwise 403; listings are not filtered).
