@@ -22,8 +22,11 @@ Each GET asks for at most ``read_bytes`` (the server's ``max_read_bytes`` is
 
 from __future__ import annotations
 
+import itertools
 import struct
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,6 +36,8 @@ from client.segment_client import SegmentClient
 HEADER_BYTES = 4
 FRAMINGS = ("length_prefixed", "lines", "raw")
 DEFAULT_READ_BYTES = 8 * 1024 * 1024
+# GETs fetched ahead of the one being decoded.
+READ_AHEAD = 2
 _HEADER = struct.Struct(">I")
 SCHEMA = pa.schema([("segment", pa.string()), ("offset", pa.int64()), ("value", pa.binary())])
 
@@ -123,14 +128,36 @@ def read_range(
 
 
 def _chunks(client: SegmentClient, segment: str, start: int, end: int, read_bytes: int) -> Iterator[bytes]:
-    """Ranged GETs covering ``[start, end)``, in order."""
-    position = start
-    while position < end:
-        result = client.read(segment, position, min(read_bytes, end - position))
-        if not result.data:
-            raise FramingError(f"{segment}: nothing readable at {position}, below the planned end {end}")
-        position += len(result.data)
-        yield result.data
+    """Ranged GETs covering ``[start, end)``, in order, the next ones fetched while one is used.
+
+    The GETs are planned at fixed offsets and run one at a time on a helper
+    thread, up to ``READ_AHEAD`` ahead; a short answer is completed in place.
+    """
+
+    def fetch(a: int, b: int) -> bytes:
+        data = client.read(segment, a, b - a).data
+        if not data:
+            raise FramingError(f"{segment}: nothing readable at {a}, below the planned end {end}")
+        return data
+
+    planned = iter([(a, min(a + read_bytes, end)) for a in range(start, end, read_bytes)])
+    with ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead:{segment}") as pool:
+        inflight = deque((a, b, pool.submit(fetch, a, b)) for a, b in itertools.islice(planned, READ_AHEAD))
+        try:
+            while inflight:
+                a, b, future = inflight.popleft()
+                if (following := next(planned, None)) is not None:
+                    inflight.append((*following, pool.submit(fetch, *following)))
+                data = future.result()
+                yield data
+                position = a + len(data)
+                while position < b:
+                    data = fetch(position, b)
+                    yield data
+                    position += len(data)
+        finally:
+            for _, _, future in inflight:
+                future.cancel()
 
 
 def _read_frames(client: SegmentClient, byte_range: ByteRange, read_bytes: int) -> Iterator[pa.RecordBatch]:
