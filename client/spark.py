@@ -10,9 +10,9 @@ Rows are ``segment string, offset bigint, value binary``: one per event, at
 the offset where its record starts. Options:
 
 - ``endpoint`` (required), ``token`` (bearer token, optional);
-- ``segments``: comma-separated names; an item ending in ``/`` is a prefix
-  whose segments are listed (for streams: listed again each trigger, so new
-  segments are picked up from their start);
+- ``segments`` (or the path given to ``load``): comma-separated names; an
+  item ending in ``/`` is a prefix whose segments are listed (for streams:
+  listed again each trigger, so new segments are picked up from their start);
 - ``framing``: ``length_prefixed`` (default) | ``lines`` | ``raw``
   (see ``client.spark_ranges``);
 - ``target_bytes``: bytes per input partition, from the server's
@@ -23,9 +23,10 @@ the offset where its record starts. Options:
   cut on a record boundary (at least one record per segment, so one record
   larger than the cap is read whole);
 - writing: ``segment`` (the target), ``append_bytes`` (bytes per append,
-  4 MiB, below the server's max_append_bytes); streaming writes: ``sinkId`` names the sink's committed-batch
-  attributes (default: the ``checkpointLocation`` option, else the target's
-  name); ``fail_first_attempt_after_rows`` is fault injection for tests.
+  4 MiB, below the server's ``max_append_bytes``); streaming writes:
+  ``sinkId`` names the sink's committed-batch attributes (default: the
+  ``checkpointLocation`` option, else the target's name);
+  ``fail_first_attempt_after_rows`` is fault injection for tests.
 
 Streaming offsets are ``{"segment name": next offset}``. Writes go through
 transactions (``client.spark_sink``); overwrite is refused: segments only grow.
