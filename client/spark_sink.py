@@ -28,6 +28,10 @@ So neither a replay nor a crash anywhere in the commit writes a batch twice
 or loses it, provided a recorded transaction is committed again within
 ``transaction_timeout_s`` (600 s by default); later, its bytes are gone and
 the commit fails loudly (``SegmentNotFound``) rather than silently.
+
+The sink id must be one query's own: a new query (a fresh checkpoint) that
+writes under a sink id whose batches were committed before has its batch
+ids up to that ``last`` skipped as replays.
 """
 
 from __future__ import annotations
