@@ -174,15 +174,19 @@ def test_matches_a_dict_through_splits_merges_and_reopening(
     target(float(min(removed, 40 * tallest)), label="removals")
 
 
-def test_real_node_size_splits_and_merges() -> None:
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**32), size=st.sampled_from([300, 1_000, 2_000]))
+def test_real_node_size_splits_and_merges(seed: int, size: int) -> None:
     """32 KiB pages: 8,000 keys split the first leaf more than twice; removing most merges them back."""
+    rng = random.Random(seed)
     segment = Segment()
     index = AttributeIndex(segment.read, None, 0)
-    rng = random.Random(4)
     model: dict[bytes, int] = {}
-    keys = [rng.randbytes(16) for _ in range(8_000)]
-    for at in range(0, len(keys), 1_000):
-        batch = {k: rng.randint(INT64_MIN, INT64_MAX) for k in keys[at : at + 1_000]}
+    keys = list({rng.randbytes(16) for _ in range(8_000)})
+    assert len(keys) == 8_000
+    for at in range(0, len(keys), size):
+        batch = {k: rng.randint(INT64_MIN, INT64_MAX) for k in keys[at : at + size]}
         apply(index, segment, batch)
         update_model(model, batch)
     height, count = check_tree(segment, index.root, NODE_MAX_BYTES)
