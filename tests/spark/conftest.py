@@ -12,8 +12,6 @@ import pytest
 from client.segment_client import SegmentClient
 from tests.serverproc import ServerProcess
 
-pyspark = pytest.importorskip("pyspark", reason="the Spark tests need pyspark (the test extra)")
-
 # Small, so that modest test data crosses appends, GETs and partitions several times.
 MAX_APPEND_BYTES = 64 * 1024
 MAX_READ_BYTES = 16 * 1024
