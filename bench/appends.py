@@ -101,7 +101,10 @@ def _request_bytes(method: str, target: str, body: bytes = b"") -> bytes:
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection: send a prebuilt request, read one response."""
+    """One keep-alive HTTP/1.1 connection: send a prebuilt request, read one response.
+
+    Bodies come by Content-Length or chunked (Node servers send those).
+    """
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -126,6 +129,13 @@ class _Connection:
                 headers[name.strip().lower()] = value.strip()
         if b"content-length" in headers:
             body = await self.reader.readexactly(int(headers[b"content-length"]))
+        elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            body = b""
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                body += (await self.reader.readexactly(size + 2))[:size]
+                if size == 0:
+                    break
         elif status in (204, 304):
             body = b""
         else:
@@ -474,6 +484,25 @@ class Spread:
         return " / ".join(fmt.format(v) for v in (self.min, self.median, self.max))
 
 
+def run_in_workdir(
+    prefix: str,
+    parent: str | Path | None,
+    measure: Callable[[Path], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    json_path: str | Path | None,
+) -> int:
+    """A benchmark's main: ``measure`` in a temporary folder (always removed), print, save as JSON."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        doc = measure(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(render(doc))
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, default=lambda o: o.__dict__, indent=2) + "\n")
+    return 0
+
+
 def _spread_of(runs: Sequence[Any], attr: str) -> Spread | None:
     values = [getattr(r, attr) for r in runs if getattr(r, attr) is not None]
     return Spread.of(values) if values else None
@@ -705,15 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args(argv)
     plan = Plan.build(args)
-    workdir = Path(tempfile.mkdtemp(prefix="segstore-bench-", dir=args.dir))
-    try:
-        doc = measure(plan, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return run_in_workdir("segstore-bench-", args.dir, lambda d: measure(plan, d), render, args.json)
 
 
 if __name__ == "__main__":

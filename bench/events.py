@@ -25,7 +25,6 @@ itself.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -33,7 +32,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -41,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.appends import Spread, _percentile, _process_cpu_s, _worker_pid
+from bench.appends import Spread, _percentile, _process_cpu_s, _worker_pid, run_in_workdir
 from client.events import DEFAULT_LINGER_S, EventReader, EventWriter
 from client.segment_client import SegmentClient
 from tests.serverproc import ServerProcess, free_port
@@ -470,15 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency_s=2.0 if args.quick else 10.0,
         client_processes=args.client_processes,
     )
-    workdir = Path(tempfile.mkdtemp(prefix="segstore-bench-events-", dir=args.dir))
-    try:
-        doc = measure(plan, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return run_in_workdir("segstore-bench-events-", args.dir, lambda d: measure(plan, d), render, args.json)
 
 
 if __name__ == "__main__":

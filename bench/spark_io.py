@@ -22,18 +22,16 @@ one temporary directory on the same filesystem, which is removed at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.appends import Spread, _wait_writer_idle
+from bench.appends import Spread, _wait_writer_idle, run_in_workdir
 from client.segment_client import SegmentClient
 from tests.serverproc import ServerProcess
 
@@ -259,15 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeat=args.repeat or (1 if args.quick else 3),
         spark_master=args.master,
     )
-    workdir = Path(tempfile.mkdtemp(prefix="segstore-bench-spark-", dir=args.dir))
-    try:
-        doc = measure(plan, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return run_in_workdir("segstore-bench-spark-", args.dir, lambda d: measure(plan, d), render, args.json)
 
 
 if __name__ == "__main__":

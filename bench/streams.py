@@ -42,7 +42,7 @@ from typing import Any
 
 import requests
 
-from bench.appends import Spread, _percentile, _request_bytes, _wait_writer_idle
+from bench.appends import Spread, _Connection, _percentile, _request_bytes, _wait_writer_idle
 from tests.serverproc import ROOT, ServerProcess, free_port
 
 HOST = "127.0.0.1"
@@ -135,49 +135,6 @@ def create_stream(url: str, name: str) -> None:
 
 
 # --------------------------------------------------------------------- load
-class _Connection:
-    """One keep-alive HTTP/1.1 connection; bodies by Content-Length or chunked (Node sends those)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
-
-    async def request(self, data: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
-        if self.writer is None:
-            await self.open()
-        assert self.reader is not None and self.writer is not None
-        self.writer.write(data)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        headers: dict[bytes, bytes] = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(b":")
-                headers[name.strip().lower()] = value.strip()
-        if b"content-length" in headers:
-            body = await self.reader.readexactly(int(headers[b"content-length"]))
-        elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            body = b""
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                body += (await self.reader.readexactly(size + 2))[:size]
-                if size == 0:
-                    break
-        else:
-            body = b""
-        return status, headers, body
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
 @dataclass(frozen=True)
 class LoadSpec:
     """``connections`` clients appending ``APPEND_BYTES`` to ``streams`` (client i to stream i mod n)."""

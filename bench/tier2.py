@@ -33,13 +33,10 @@ import argparse
 import asyncio
 import http.client
 import itertools
-import json
 import os
 import platform
 import re
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -61,6 +58,7 @@ from bench.appends import (
     _spread_of,
     _worker_pid,
     create_segment,
+    run_in_workdir,
 )
 from engine import naming
 from engine.config import load_settings
@@ -665,15 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args(argv)
     plan = Plan.build(args)
-    workdir = Path(tempfile.mkdtemp(prefix="segstore-bench-tier2-", dir=args.dir))
-    try:
-        doc = measure(plan, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return run_in_workdir("segstore-bench-tier2-", args.dir, lambda d: measure(plan, d), render, args.json)
 
 
 if __name__ == "__main__":

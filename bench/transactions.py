@@ -25,12 +25,9 @@ at the offset the commit answered.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,7 +36,7 @@ from typing import Any
 
 import requests
 
-from bench.appends import Spread, _metric_total, _progress, create_segment
+from bench.appends import Spread, _metric_total, _progress, create_segment, run_in_workdir
 from tests.serverproc import ServerProcess
 
 KiB = 1024
@@ -207,15 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args(argv)
     repeat = args.repeat or (2 if args.quick else 5)
-    workdir = Path(tempfile.mkdtemp(prefix="segstore-bench-txn-", dir=args.dir))
-    try:
-        doc = measure(QUICK_SIZES if args.quick else SIZES, repeat, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, default=lambda o: o.__dict__, indent=2))
-    return 0
+    sizes = QUICK_SIZES if args.quick else SIZES
+    return run_in_workdir(
+        "segstore-bench-txn-", args.dir, lambda d: measure(sizes, repeat, d), render, args.json
+    )
 
 
 if __name__ == "__main__":
