@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from engine import naming
 from engine import operations as ops
 from engine.attributes import AttributeUpdate, Preloaded, check_request
-from engine.blocking import run_blocking
 from engine.cache import Cache
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
@@ -212,7 +211,8 @@ class SegmentContainer:
             segment_id, evictions = seg.segment_id, seg.evictions
         if not missing:
             return None
-        return Preloaded(run_blocking(self.attributes.lookup, segment_id, missing), evictions)
+        # Tier 2 bindings make their own blocking calls cooperative (engine/blocking.py).
+        return Preloaded(self.attributes.lookup(segment_id, missing), evictions)
 
     # ------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None) -> SegmentInfo:
@@ -428,7 +428,7 @@ class SegmentContainer:
             missing = [k for k, v in values.items() if v is None]
             segment_id, indexed = seg.segment_id, seg.attribute_root is not None
         if missing and indexed:
-            fetched = run_blocking(self.attributes.lookup, segment_id, missing)
+            fetched = self.attributes.lookup(segment_id, missing)
             with self.metadata.lock:
                 held = self.metadata.by_name(name).attributes
                 values.update({k: held.get(k, fetched[k]) for k in missing})

@@ -75,6 +75,16 @@ class EngineMetrics:
         self.tier2_errors = Counter(
             "segstore_tier2_errors", "Tier 2 operations that failed (retried).", registry=registry
         )
+        self.attribute_index_bytes = Counter(
+            "segstore_attribute_index_bytes",
+            "Bytes of attribute index pages written to Tier 2 (seed 001).",
+            registry=registry,
+        )
+        self.attributes_evicted = Counter(
+            "segstore_attributes_evicted",
+            "Attribute values dropped from memory once in the attribute index.",
+            registry=registry,
+        )
         self.writer_lag_bytes = Gauge(
             "segstore_writer_lag_bytes",
             "Acknowledged bytes not yet in Tier 2.",

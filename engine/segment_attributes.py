@@ -11,7 +11,7 @@ index, and the next write starts at the old length again.
 
 The storage writer calls ``write`` with the latest value of each key changed
 since its last write (seed 001: only the latest value per key per flush).
-Requests call ``lookup`` (through the blocking I/O helper) for values the
+Requests call ``lookup`` (the Tier 2 bindings make its reads cooperative) for values the
 metadata does not hold, before their operation enters the pipeline.
 """
 
@@ -81,11 +81,11 @@ class SegmentAttributes:
         segment_id: int,
         changes: dict[str, int],
         persisted_seq: int,
-        commit: Callable[[ops.UpdateAttributeIndex], bool],
+        commit: Callable[[ops.UpdateAttributeIndex, int], bool],
     ) -> list[str]:
         """Write ``changes`` to the index; returns the chunk names to delete afterwards.
 
-        ``commit`` makes the ``UpdateAttributeIndex`` durable (False: the
+        ``commit(op, bytes written)`` makes the ``UpdateAttributeIndex`` durable (False: the
         segment went meanwhile; then the chunks written here are returned
         for deletion instead).
         """
@@ -117,7 +117,7 @@ class SegmentAttributes:
             root=[update.root.offset, update.root.length, update.root.min_offset] if update.root else None,
             persisted_seq=persisted_seq,
         )
-        if not commit(op):
+        if not commit(op, len(update.data)):
             known = {c.name for c in old}
             return [c.name for c in layout if c.name not in known]
         index.commit(update)

@@ -328,8 +328,9 @@ class StorageWriter:
             return False
         return True
 
-    def _commit_index(self, op: ops.UpdateAttributeIndex) -> bool:
+    def _commit_index(self, op: ops.UpdateAttributeIndex, written: int) -> bool:
         """Make an attribute index update durable; False if the segment is gone."""
+        self.metrics.attribute_index_bytes.inc(written)
         try:
             self.durable_log.add(op).result()
         except SegmentNotFound:
@@ -351,7 +352,8 @@ class StorageWriter:
             log.warning("container %d: deleting unused chunks failed: %s", self.container_id, exc)
             with self.metadata.lock:
                 self.metadata.orphan_chunks.extend(orphans)
-        self.metadata.evict_attributes(self.settings.attribute_cache_max_bytes // ATTRIBUTE_MEMORY_BYTES)
+        held_max = self.settings.attribute_cache_max_bytes // ATTRIBUTE_MEMORY_BYTES
+        self.metrics.attributes_evicted.inc(self.metadata.evict_attributes(held_max))
         label = str(self.container_id)
         self.metrics.writer_lag_bytes.labels(label).set(self.metadata.unflushed_bytes)
         self.metrics.cache_bytes.labels(label).set(self.read_index.cache.size)

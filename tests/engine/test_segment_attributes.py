@@ -121,7 +121,7 @@ def test_a_crash_in_the_middle_of_an_index_write_keeps_the_old_root(
     before = _segment(node).attribute_root
     attempts: list[ops.UpdateAttributeIndex] = []
 
-    def never_durable(op: ops.UpdateAttributeIndex) -> bool:
+    def never_durable(op: ops.UpdateAttributeIndex, written: int) -> bool:
         attempts.append(op)  # the pages are in Tier 2; the process dies before the root is logged
         raise OSError("crash before the index root reached Tier 1")
 
