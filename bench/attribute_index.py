@@ -37,9 +37,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.appends import Spread
 from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache
 from engine.attribute_index.tree import COMPACTION_RATIO
 
@@ -93,20 +94,6 @@ class SizeRun:
     seconds: float
     changes_per_s: float
 
-
-@dataclass
-class Spread:
-    min: float
-    median: float
-    max: float
-    runs: list[float] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Spread:
-        return cls(min(values), statistics.median(values), max(values), list(values))
-
-    def show(self, fmt: str = "{:,.0f}") -> str:
-        return " / ".join(fmt.format(v) for v in (self.min, self.median, self.max))
 
 
 def _apply(index: AttributeIndex, store: PageStore, changes: dict[bytes, int | None]) -> None:
