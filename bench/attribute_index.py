@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.appends import Spread
-from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache
+from engine.attribute_index import AttributeIndex, NodeCache
+from engine.attribute_index.memory import LivePageStore
 from engine.attribute_index.tree import COMPACTION_RATIO
 
 MB = 1_000_000
@@ -58,31 +59,6 @@ BIG_CACHE_BYTES = 512 * MiB
 TREE_CACHE_BYTES = 256 * MiB
 
 
-class PageStore:
-    """An attribute segment in memory that keeps only the pages a live root reaches."""
-
-    def __init__(self) -> None:
-        self.pages: dict[int, bytes] = {}
-        self.length = 0
-
-    def read(self, offset: int, length: int) -> bytes:
-        page = self.pages[offset]
-        assert len(page) == length
-        return page
-
-    def write(self, update: IndexUpdate) -> None:
-        assert update.offset == self.length
-        data, base = update.data, update.offset
-        starts = [offset for offset, _ in update.nodes]
-        for start, end in zip(starts, [*starts[1:], base + len(data)], strict=True):
-            self.pages[start] = data[start - base : end - base]
-        self.length += len(data)
-
-    def forget(self, offsets: Sequence[int]) -> None:
-        for offset in offsets:
-            del self.pages[offset]
-
-
 @dataclass
 class SizeRun:
     table: int
@@ -96,37 +72,30 @@ class SizeRun:
 
 
 
-def _apply(index: AttributeIndex, store: PageStore, changes: dict[bytes, int | None]) -> None:
-    update = index.plan(changes)
-    store.write(update)
-    index.commit(update)
-    store.forget(update.obsolete)
-
-
 def _batches(keys: Sequence[bytes], size: int, value: Callable[[int], int]) -> Any:
     for at in range(0, len(keys), size):
         yield {k: value(at + i) for i, k in enumerate(keys[at : at + size])}
 
 
 def _size_run(table: int, keys: list[bytes], batch: int, compaction: str, seed: int) -> tuple[SizeRun, Any]:
-    store = PageStore()
+    store = LivePageStore()
     ratio = MODES[compaction]
     index = AttributeIndex(store.read, None, 0, compaction=ratio is not None, compaction_ratio=ratio or 0.0,
                            cache=NodeCache(BIG_CACHE_BYTES))
     start = time.perf_counter()
     if table == 1:
         for changes in _batches(keys, batch, lambda i: i):
-            _apply(index, store, changes)
+            store.apply(index, changes)
         changed = len(keys)
     else:
         for changes in _batches(keys, BULK_BATCH, lambda i: i):
-            _apply(index, store, changes)
+            store.apply(index, changes)
         start = time.perf_counter()
         appended_before = store.length
         shuffled = list(keys)
         random.Random(seed).shuffle(shuffled)
         for changes in _batches(shuffled, batch, lambda i: -i):
-            _apply(index, store, changes)
+            store.apply(index, changes)
         changed = len(keys)
         assert store.length > appended_before
     seconds = time.perf_counter() - start
@@ -160,7 +129,7 @@ class LookupRun:
     max_reads_per_lookup: int
 
 
-def _lookups(store: PageStore, index: AttributeIndex, keys: list[bytes], count: int, cache_bytes: int,
+def _lookups(store: LivePageStore, index: AttributeIndex, keys: list[bytes], count: int, cache_bytes: int,
              label: str, seed: int) -> LookupRun:
     """Random present keys, one get each, on a reopened index warmed with as many lookups first."""
     root = index.root

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
 from engine.attribute_index import page as pages
+from engine.attribute_index.memory import LivePageStore
 from engine.attribute_index.page import INT64_MAX, INT64_MIN, NODE_MAX_BYTES
 from engine.attribute_index.tree import COMPACTION_RATIO
 from engine.errors import DataCorrupted, InvalidArgument
@@ -36,39 +37,17 @@ class Segment:
         self.data[update.offset :] = update.data
 
 
-class PageStore:
-    """A segment that keeps only the pages a live root reaches: reading a dropped page fails."""
-
-    def __init__(self) -> None:
-        self.pages: dict[int, bytes] = {}
-        self.length = 0
-
-    def read(self, offset: int, length: int) -> bytes:
-        page = self.pages[offset]
-        assert len(page) == length
-        return page
-
-    def write(self, update: IndexUpdate) -> None:
-        assert update.offset == self.length
-        starts = [offset for offset, _ in update.nodes]
-        for start, end in zip(starts, [*starts[1:], update.offset + len(update.data)], strict=True):
-            self.pages[start] = update.data[start - update.offset : end - update.offset]
-        self.length += len(update.data)
-
-    def forget(self, offsets: Iterable[int]) -> None:
-        for offset in offsets:
-            del self.pages[offset]
-
-
 def key(i: int) -> bytes:
     return i.to_bytes(16, "big")
 
 
-def apply(index: AttributeIndex, segment: Segment | PageStore, changes: Mapping[bytes, int | None]) -> None:
+def apply(
+    index: AttributeIndex, segment: Segment | LivePageStore, changes: Mapping[bytes, int | None]
+) -> None:
     update = index.plan(changes)
     segment.write(update)
     index.commit(update)
-    if isinstance(segment, PageStore):
+    if isinstance(segment, LivePageStore):
         segment.forget(update.obsolete)
 
 
@@ -81,7 +60,7 @@ def update_model(model: dict[bytes, int], changes: Mapping[bytes, int | None]) -
 
 
 def check_tree(
-    segment: Segment | PageStore, root: RootPointer | None, node_max_bytes: int
+    segment: Segment | LivePageStore, root: RootPointer | None, node_max_bytes: int
 ) -> tuple[int, int]:
     """Walk the pages from ``root`` and assert the B+Tree's invariants; returns (height, pages).
 
@@ -290,7 +269,7 @@ def _window_run(
     Returns per batch: the segment length less the root's min_offset (the
     size after head truncation), the bytes appended, and the live pages.
     """
-    store = PageStore()
+    store = LivePageStore()
     index = AttributeIndex(
         store.read, None, 0, compaction=compaction, compaction_ratio=ratio, node_max_bytes=1024
     )
@@ -359,7 +338,7 @@ def test_warm_lookups_read_at_most_one_page() -> None:
 
 def test_lookups_during_updates_see_one_whole_batch() -> None:
     """Readers in threads while the writer commits and drops replaced pages: each get sees one root."""
-    store = PageStore()
+    store = LivePageStore()
     index = AttributeIndex(store.read, None, 0, cache=NodeCache(64 * 1024), node_max_bytes=1024)
     keys = [key(i) for i in range(0, 600, 3)]
     apply(index, store, dict.fromkeys(keys, 0))
