@@ -192,6 +192,8 @@ class SegmentContainer:
         pipeline, so the pipeline never waits on Tier 2. If keys were evicted
         between the fetch and the check, the fetch is done again.
         """
+        if not keys:  # a plain append reads no attribute
+            return self._submit(op)
         for attempt in range(_PRELOAD_TRIES):
             op.preloaded = self._preload(op.name, keys)
             try:

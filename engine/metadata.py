@@ -274,12 +274,12 @@ def merge_into(target: SegmentMetadata, source: SegmentMetadata, op: ops.MergeSe
     target.check_pending()
 
 
-def changed_attributes(op: ops.Append | ops.UpdateAttributes) -> list[str]:
-    """The attribute keys an applied operation set (a writer id is one)."""
-    keys = list(op.attributes)
+def set_attributes(op: ops.Append | ops.UpdateAttributes) -> dict[str, int]:
+    """The attribute values an applied operation set (a writer id's event number is one)."""
     if isinstance(op, ops.Append) and op.writer_id is not None:
-        keys.append(str(op.writer_id))
-    return keys
+        assert op.event_number is not None
+        return {**op.attributes, str(op.writer_id): op.event_number}
+    return op.attributes
 
 
 def _load(seg: SegmentMetadata, preloaded: Preloaded) -> None:
@@ -366,7 +366,7 @@ class ContainerMetadata:
                     _load(seg, op.preloaded)
                 seg.apply(op)
                 if isinstance(op, ops.Append | ops.UpdateAttributes):
-                    for key in changed_attributes(op):
+                    for key in set_attributes(op):
                         seg.dirty[key] = op.seq
                 elif isinstance(op, ops.UpdateAttributeIndex):
                     seg.dirty = {k: seq for k, seq in seg.dirty.items() if seq > op.persisted_seq}

@@ -33,7 +33,7 @@ from engine import operations as ops
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import SegmentNotFound, SegstoreError
-from engine.metadata import ContainerMetadata, PendingMerge, changed_attributes
+from engine.metadata import ContainerMetadata, PendingMerge, set_attributes
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 from engine.segment_attributes import SegmentAttributes
@@ -156,11 +156,8 @@ class StorageWriter:
         agg = self._aggregators.get(op.segment_id)
         if agg is None:
             agg = self._aggregators[op.segment_id] = _Aggregator(op.seq, time.monotonic())
-        if isinstance(op, ops.Append | ops.UpdateAttributes) and changed_attributes(op):
-            agg.attributes.update(op.attributes)
-            if isinstance(op, ops.Append) and op.writer_id is not None:
-                assert op.event_number is not None
-                agg.attributes[str(op.writer_id)] = op.event_number
+        if isinstance(op, ops.Append | ops.UpdateAttributes) and (values := set_attributes(op)):
+            agg.attributes.update(values)
             agg.attribute_seq = op.seq
         if isinstance(op, ops.Append):
             agg.end = max(agg.end, op.offset + op.length)
