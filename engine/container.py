@@ -28,6 +28,7 @@ from engine.errors import (
     BadOffset,
     ContainerNotReady,
     InvalidArgument,
+    LayoutChanged,
     PayloadTooLarge,
     SegmentNotFound,
     SegmentSealed,
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 _INT64_MAX = 2**63 - 1
 # Fetches of attribute values an operation may need before it gives up (AttributesNotLoaded, 503).
 _PRELOAD_TRIES = 5
+# Forks a source's layout changes may overtake before the fork gives up (LayoutChanged, 503).
+_FORK_TRIES = 5
+# How long a fork with a large unflushed tail waits for Tier 2 to take it.
+_FORK_FLUSH_TIMEOUT_S = 30.0
 
 
 class SegmentContainer:
@@ -255,6 +260,69 @@ class SegmentContainer:
             )
         )
         return self.metadata.info(name)
+
+    def fork(self, source: str, name: str, offset: int | None) -> SegmentInfo:
+        """Create ``name`` holding ``source``'s bytes below ``offset`` (default: its length).
+
+        Where those bytes are in Tier 2, the new segment's layout names the
+        source's chunks (seed 002: a metadata operation, nothing copied); the
+        rest, still only in Tier 1, rides on the log operation. A tail larger
+        than one append is flushed to Tier 2 first. A defrag or truncation of
+        the source that overtakes the fork makes the processor refuse it;
+        the fork then takes the layout again.
+        """
+        tries = 0
+        while True:
+            op = self._fork_operation(source, name, offset)
+            if op.data_length > self.settings.max_append_bytes and tries == 0:
+                self.writer.flush(_FORK_FLUSH_TIMEOUT_S)
+                op = self._fork_operation(source, name, offset)
+            try:
+                self._submit(op)
+            except LayoutChanged:
+                tries += 1
+                if tries >= _FORK_TRIES:
+                    raise
+                continue
+            return self.metadata.info(name)
+
+    def _fork_operation(self, source: str, name: str, offset: int | None) -> ops.ForkSegment:
+        self._check_ready()
+        with self.metadata.lock:
+            seg = self.metadata.by_name(source)
+            info = seg.info()
+            end = info.length if offset is None else offset
+            if end < info.start_offset:
+                raise SegmentTruncated(f"fork offset {end} is below the start offset", segment=info)
+            if end > info.length:
+                raise BadOffset(f"fork offset {end} is past the length {info.length}", segment=info)
+            flushed = min(end, seg.storage_length)
+            chunks = [
+                c._replace(length=min(c.end, flushed) - c.start)
+                for c in seg.chunks
+                if c.end > info.start_offset and c.start < flushed
+            ]
+            shared = max(flushed, info.start_offset)
+            boundaries = [b for b in seg.boundaries if info.start_offset <= b < end]
+            source_id, rollover = seg.segment_id, seg.rollover_bytes
+        tail = bytearray()
+        while shared + len(tail) < end:
+            result = self.read(source, shared + len(tail), end - shared - len(tail), wait_s=0)
+            if result.info.segment_id != source_id:
+                raise SegmentNotFound(f"segment {source!r} was deleted during the fork")
+            tail += result.data
+        return ops.ForkSegment(
+            name=name,
+            created=time.time(),
+            rollover_bytes=rollover,
+            chunks=[list(c) for c in chunks],
+            length=shared,
+            start_offset=info.start_offset,
+            source=source,
+            source_id=source_id,
+            data=bytes(tail),
+            boundaries=boundaries,
+        )
 
     def append(
         self,

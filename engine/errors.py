@@ -87,6 +87,13 @@ class AttributesNotLoaded(Throttled):
     """
 
 
+class LayoutChanged(Throttled):
+    """A fork named chunks its source's Tier 2 layout no longer holds (defrag or truncation came first).
+
+    The container takes the layout again and retries on its own.
+    """
+
+
 class ContainerNotReady(Throttled):
     """The container is recovering, stopped, or its Tier 1 log failed."""
 

@@ -28,7 +28,7 @@ import functools
 import threading
 import time
 from collections import ChainMap
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -39,6 +39,7 @@ from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
     InvalidArgument,
+    LayoutChanged,
     SegmentExists,
     SegmentNotFound,
     SegmentNotSealed,
@@ -296,15 +297,37 @@ def _shifted(chunks: Layout, by: int) -> Layout:
 
 
 def new_segment(op: ops.CreateSegment) -> SegmentMetadata:
-    """The metadata a create starts a segment with (empty, or an imported layout)."""
+    """The metadata a create starts a segment with (empty, an imported layout, or a fork's prefix)."""
     seg = SegmentMetadata(op.segment_id, op.name, op.created, op.rollover_bytes)
     if op.length:
         seg.chunks = layout_from_json(op.chunks)
         seg.length = seg.storage_length = op.length
         seg.start_offset = max(op.start_offset, seg.chunks[0].start if seg.chunks else op.length)
         check_layout(seg.chunks, seg.storage_length, seg.start_offset)
+    if isinstance(op, ops.ForkSegment):
+        seg.length += op.data_length
+        seg.boundaries = list(op.boundaries)
+        seg.last_modified = op.created
+        assert all(seg.start_offset <= b < seg.length for b in seg.boundaries), op.boundaries
     seg.check()
     return seg
+
+
+def check_fork(op: ops.ForkSegment, source: SegmentMetadata) -> None:
+    """Refuse a fork whose chunks its source's layout no longer names (LayoutChanged: take it again).
+
+    A chunk the source still names keeps its bytes: only a layout that
+    stopped naming it lets it go (and then only if no fork names it either).
+    """
+    if op.source_id != source.segment_id:
+        raise SegmentNotFound(f"segment {op.source!r} (id {op.source_id}) was deleted")
+    assert op.length + op.data_length <= source.length, (op, source.length)
+    held = {c.name: c for c in source.chunks}
+    for chunk in layout_from_json(op.chunks):
+        now = held.get(chunk.name)
+        if now is None or now.start != chunk.start or now.length < chunk.length:
+            detail = f"the Tier 2 layout of {source.name!r} changed during the fork"
+            raise LayoutChanged(detail, retry_after_s=0)
 
 
 class ContainerMetadata:
@@ -334,6 +357,20 @@ class ContainerMetadata:
         with self.lock:
             return self.by_name(name).info()
 
+    def unreferenced(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` that no live segment's layout names, so they may leave Tier 2.
+
+        A fork names its source's chunks: a chunk one segment lets go of
+        (delete, truncation, defrag) may still hold another one's bytes, and
+        goes with the last segment that names it.
+        """
+        names = list(names)
+        if not names:
+            return names
+        with self.lock:
+            held = {c.name for s in self.segments.values() if not s.deleted for c in s.read_layout()}
+        return [n for n in names if n not in held]
+
     def storage_lengths(self) -> dict[int, int]:
         """Segment id -> storage length: what the cache may evict below."""
         with self.lock:
@@ -348,9 +385,10 @@ class ContainerMetadata:
             if isinstance(op, ops.CreateSegment):
                 assert op.name not in self.names, op.name
                 assert op.segment_id >= self.next_segment_id, (op.segment_id, self.next_segment_id)
-                self.segments[op.segment_id] = new_segment(op)
+                seg = self.segments[op.segment_id] = new_segment(op)
                 self.names[op.name] = op.segment_id
                 self.next_segment_id = op.segment_id + 1
+                self.unflushed_bytes += seg.length - seg.storage_length
             elif isinstance(op, ops.MergeSegment):
                 target = self.segments[op.segment_id]
                 source = self.segments.pop(op.source_id)
@@ -538,6 +576,9 @@ class MetadataUpdater:
             pass
         else:
             raise SegmentExists(f"segment {op.name!r} already exists", segment=existing.info())
+        if isinstance(op, ops.ForkSegment):
+            # Committed state: only applied operations change a layout, and this thread applies them.
+            check_fork(op, self._lookup(op.source))
         op.segment_id = self.next_segment_id
         self.next_segment_id += 1
         op.seq = self.next_seq()

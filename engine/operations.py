@@ -12,7 +12,8 @@ The append body is binary (it is the hot path and carries raw bytes):
 flags: 1 = a writer id follows, 2 = attributes follow, as
 ``count u16 | (key 16 bytes | value i64) * count``.
 
-Every other body is UTF-8 JSON of the operation's fields.
+A fork's body is ``JSON length u32 | JSON of its fields | data`` (its tail
+bytes, raw). Every other body is UTF-8 JSON of the operation's fields.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _HEADER = struct.Struct(">BQI")
 _APPEND = struct.Struct(">QQdqIB")
 _ATTRIBUTE = struct.Struct(">16sq")
 _COUNT = struct.Struct(">H")
+_JSON_LENGTH = struct.Struct(">I")
 _HAS_WRITER, _HAS_ATTRIBUTES = 1, 2
 
 
@@ -45,6 +47,7 @@ class OpType(IntEnum):
     LAYOUT = 8
     MERGE = 9
     ATTRIBUTE_INDEX = 10
+    FORK = 11
 
 
 @dataclass(slots=True, kw_only=True)
@@ -79,6 +82,30 @@ class CreateSegment(SegmentOperation):
     chunks: list[list[Any]] = field(default_factory=list)
     length: int = 0
     start_offset: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class ForkSegment(CreateSegment):
+    """Create a segment holding a prefix of ``source`` (seed 002: a metadata operation on chunks).
+
+    ``chunks`` name the source's Tier 2 chunks that hold the prefix up to
+    ``length`` (the new segment's storage length); no byte of them is copied.
+    ``data`` are the prefix's bytes past that, not yet in Tier 2, carried in
+    the log as an append would; it is dropped (None) once they are in the read
+    index, and ``data_length`` stays. The processor refuses the fork
+    (LayoutChanged) if the source's layout no longer names those chunks.
+    ``boundaries`` are the source's append boundaries within the prefix.
+    """
+
+    source: str = ""
+    source_id: int = -1
+    data: bytes | None = None
+    data_length: int = 0
+    boundaries: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.data is not None:
+            self.data_length = len(self.data)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -201,6 +228,7 @@ _TYPES: dict[type[Operation], OpType] = {
     UpdateLayout: OpType.LAYOUT,
     MergeSegment: OpType.MERGE,
     UpdateAttributeIndex: OpType.ATTRIBUTE_INDEX,
+    ForkSegment: OpType.FORK,
 }
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.CREATE: (
@@ -216,6 +244,22 @@ _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.ATTRIBUTE_INDEX: (
         UpdateAttributeIndex,
         ("name", "segment_id", "chunks", "length", "root", "persisted_seq"),
+    ),
+    OpType.FORK: (
+        ForkSegment,
+        (
+            "name",
+            "segment_id",
+            "created",
+            "rollover_bytes",
+            "chunks",
+            "length",
+            "start_offset",
+            "source",
+            "source_id",
+            "data_length",
+            "boundaries",
+        ),
     ),
     OpType.MERGE: (
         MergeSegment,
@@ -253,6 +297,11 @@ def encode(op: Operation) -> bytes:
         return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, attributes, op.data))
     fields_ = _JSON_FIELDS[kind][1]
     body = json.dumps({f: getattr(op, f) for f in fields_}, separators=(",", ":")).encode()
+    if kind is OpType.FORK:
+        assert isinstance(op, ForkSegment) and op.data is not None and len(op.data) == op.data_length
+        head = _JSON_LENGTH.pack(len(body))
+        body_len = len(head) + len(body) + len(op.data)
+        return b"".join((_HEADER.pack(kind, op.seq, body_len), head, body, op.data))
     return _HEADER.pack(kind, op.seq, len(body)) + body
 
 
@@ -311,5 +360,15 @@ def _decode_body(kind: OpType, seq: int, body: memoryview) -> Operation:
             data=bytes(body[pos:]),
         )
     cls, fields_ = _JSON_FIELDS[kind]
+    data = None
+    if kind is OpType.FORK:
+        (json_length,) = _JSON_LENGTH.unpack_from(body, 0)
+        data = bytes(body[_JSON_LENGTH.size + json_length :])
+        body = body[_JSON_LENGTH.size : _JSON_LENGTH.size + json_length]
     values = json.loads(bytes(body))
-    return cls(seq=seq, **{f: values[f] for f in fields_})
+    op = cls(seq=seq, **{f: values[f] for f in fields_})
+    if isinstance(op, ForkSegment):
+        if len(data or b"") != op.data_length:
+            raise ValueError(f"fork carries {len(data or b'')} bytes, says {op.data_length}")
+        op.data = data
+    return op

@@ -328,6 +328,24 @@ class SegmentStore:
         """
         return self._container(parent).commit_transaction(parent, txid)
 
+    def fork(self, source: str, name: str, offset: int | None = None) -> SegmentInfo:
+        """Create ``name`` holding ``source``'s bytes below ``offset`` (default: all of them).
+
+        The new segment shares the source's Tier 2 chunks (no byte is copied
+        where they are flushed; the unflushed rest is copied through Tier 1)
+        and goes its own way after: appends, truncation and deletion of
+        either leave the other's bytes alone. It starts with no attributes
+        and an event count of zero. Both names must live in one container
+        (``container_of``): chunks are shared within a container only.
+        """
+        into = self._container(name)
+        if into is not self._container(source):
+            raise InvalidArgument(
+                f"a fork lives in its source's container: {name!r} is in container "
+                f"{into.container_id}, {source!r} is not"
+            )
+        return into.fork(source, name, offset)
+
     def abort_transaction(self, parent: str, txid: uuid.UUID) -> None:
         """Drop the transaction and its bytes (a delete)."""
         self._container(parent).delete(transaction_name(parent, txid))

@@ -9,7 +9,8 @@ layout durable with an ``UpdateLayout`` log operation, which also advances
 the storage length (seed 002: layout changes are fenced by Tier 1). Bytes
 below the storage length are never written again, which makes replay after
 a crash idempotent. Chunks leave Tier 2 only after a durable layout stops
-naming them (truncation, defrag, delete). Tier 2 errors are retried with
+naming them (truncation, defrag, delete), and only when no other layout
+names them (a fork shares its source's chunks). Tier 2 errors are retried with
 exponential backoff; the bytes stay in Tier 1 and the cache meanwhile. After
 each round Tier 1 is truncated below the lowest sequence number not yet in
 Tier 2.
@@ -151,7 +152,7 @@ class StorageWriter:
     def _accept(self, op: ops.Operation) -> None:
         if not isinstance(
             op, ops.Append | ops.Seal | ops.Truncate | ops.Delete | ops.MergeSegment | ops.UpdateAttributes
-        ):
+        ) and not (isinstance(op, ops.ForkSegment) and op.data_length):
             return
         agg = self._aggregators.get(op.segment_id)
         if agg is None:
@@ -161,6 +162,8 @@ class StorageWriter:
             agg.attribute_seq = op.seq
         if isinstance(op, ops.Append):
             agg.end = max(agg.end, op.offset + op.length)
+        elif isinstance(op, ops.ForkSegment):  # its tail, past the chunks it shares with its source
+            agg.end = max(agg.end, op.length + op.data_length)
         elif isinstance(op, ops.MergeSegment):
             # The source's attributes stay with it (seed 001 keeps no rule to carry them).
             source = self._aggregators.pop(op.source_id, None)
@@ -293,7 +296,7 @@ class StorageWriter:
                 self._delete_chunks(replaced)
 
     def _delete_chunks(self, names: Iterable[str]) -> None:
-        names = list(names)
+        names = self.metadata.unreferenced(names)  # a fork may still name them
         self.chunked.delete_chunks(names)
         self.metrics.tier2_chunks_deleted.inc(len(names))
 

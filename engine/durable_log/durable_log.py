@@ -250,6 +250,10 @@ class DurableLog:
                 appended_bytes += op.length
             elif isinstance(op, ops.MergeSegment):
                 self.read_index.move(op.source_id, op.segment_id, op.offset)
+            elif isinstance(op, ops.ForkSegment) and op.data_length:
+                assert op.data is not None
+                self.read_index.append(op.segment_id, op.length, op.data)
+                op.data = None
             if isinstance(op, ops.SegmentOperation):
                 grown.add(op.segment_id)
         if appends:

@@ -11,13 +11,23 @@ length, and chunks no layout names, are ignored and collected.
 
 - Write: append to the last chunk when the binding can append, this epoch
   created that chunk and it is below the segment's rollover size; otherwise
-  start a new chunk (always, on S3). A new epoch never writes to a chunk an
+  start a new chunk (always, on S3). The binding appends only at a chunk's
+  current end, so a segment whose layout names fewer bytes of the chunk than
+  it holds (a write whose layout never committed, a fork's share of a chunk
+  its source wrote on) is refused and starts a new chunk: bytes a layout
+  names never change. A new epoch never writes to a chunk an
   older epoch created (seed 002 "Segment Store Failover").
 - Truncate: chunks wholly below the new start offset leave the layout.
 - Concat (merge): the source's chunks join the target's layout, shifted to
   the target's end; no byte is copied (seed 002 "Concatenation").
 - Defrag: runs of small consecutive chunks are joined with the binding's
-  native concat into one chunk owned by the current epoch ("Defrag").
+  native concat into one chunk owned by the current epoch ("Defrag"). Concat
+  joins whole chunks, so a chunk holding more bytes than the layout names
+  (a fork's share of a chunk its source kept writing, or a write whose layout
+  never committed) is left out.
+- A fork's layout names chunks of its source (seed 002's metadata-only
+  operations): a chunk may belong to several layouts (of one container, one
+  writer thread), and the caller deletes it only when none names it any more.
 """
 
 from __future__ import annotations
@@ -210,11 +220,17 @@ class ChunkedSegmentStorage:
         """
         if not self.storage.supports_concat:
             return None
-        run = self._small_run(chunks, small_bytes, min_run, max_bytes)
-        if run is None:
-            return None
-        first, count = run
-        joined = chunks[first : first + count]
+        longer: set[str] = set()
+        while True:
+            run = self._small_run(chunks, small_bytes, min_run, max_bytes, longer)
+            if run is None:
+                return None
+            first, count = run
+            joined = chunks[first : first + count]
+            found = {c.name for c in joined if self.storage.info(c.name).length != c.length}
+            if not found:
+                break
+            longer |= found
         name = naming.chunk_name(self.container_id, segment_name, segment_id, self.epoch, joined[0].start)
         handle = self.storage.create(name, b"")
         length = self.storage.concat(handle, [c.name for c in joined])
@@ -228,7 +244,7 @@ class ChunkedSegmentStorage:
 
     @staticmethod
     def _small_run(
-        chunks: Sequence[ChunkRef], small_bytes: int, min_run: int, max_bytes: int
+        chunks: Sequence[ChunkRef], small_bytes: int, min_run: int, max_bytes: int, left_out: set[str]
     ) -> tuple[int, int] | None:
         # The last chunk may still grow (append bindings); leave it out.
         candidates = chunks[:-1]
@@ -238,6 +254,7 @@ class ChunkedSegmentStorage:
             while (
                 end < len(candidates)
                 and candidates[end].length < small_bytes
+                and candidates[end].name not in left_out
                 and total + candidates[end].length <= max_bytes
             ):
                 total += candidates[end].length

@@ -94,6 +94,20 @@ OTHER_OPERATIONS = [
         record_as="s#transaction.1",
         record_created=1.25,
     ),
+    ops.ForkSegment(
+        seq=14,
+        name="f",
+        segment_id=5,
+        created=2.5,
+        rollover_bytes=None,
+        chunks=[["c0/s.3/e0000000001-o00000000000000000000-0badcafe", 0, 70]],
+        length=70,
+        start_offset=10,
+        source="s",
+        source_id=3,
+        data=b"\x00tail\xff",
+        boundaries=[10, 40, 72],
+    ),
     ops.MetadataCheckpoint(
         seq=7,
         snapshot={"container_id": 0, "epoch": 2, "next_segment_id": 9, "segments": [{"name": "s"}]},
@@ -137,6 +151,9 @@ DAMAGED = {
         ops.OpType.LAYOUT, 1, json.dumps({"name": "s", "segment_id": 1, "chunks": []}).encode()
     ),
     "append body shorter than its fields": _header(ops.OpType.APPEND, 1, b"\x00" * 10),
+    "fork data shorter than it says": _header(
+        ops.OpType.FORK, 1, ops.encode(ops.ForkSegment(seq=1, name="f", data=b"abc"))[13:-1]
+    ),
     "append writer id cut short": _header(
         ops.OpType.APPEND, 1, struct.pack(">QQdqIB", 1, 0, 0.0, 5, 1, 1) + b"\x01" * 7
     ),

@@ -82,6 +82,9 @@ STEPS: list[tuple[str, Callable[[SegmentStore], object]]] = [
     ("more", lambda s: s.append("a", os.urandom(5000))),
     ("transaction", lambda s: _commit(s, "a", os.urandom(3000))),
     ("merge", lambda s: (s.create("m"), s.append("m", os.urandom(2000)), s.seal("m"), s.merge("d", "m"))),
+    ("fork", lambda s: (s.fork("a", "f", 1500), s.fork("b/c", "g", 100))),
+    ("forks diverge", lambda s: (s.append("f", b"f"), s.append("g", b"g"), s.append("a", b"a"))),
+    ("fork's source deleted", lambda s: s.delete("b/c")),
 ]
 
 
@@ -398,6 +401,22 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             with pytest.raises(SegmentNotFound):
                 self.store.delete(name)
+
+    @rule(source=NAMES, name=NAMES, fraction=st.floats(0, 1.2))
+    def fork(self, source: str, name: str, fraction: float) -> None:
+        seg = self.model.get(source)
+        if seg is None or name in self.model:
+            with pytest.raises(SegmentNotFound if seg is None else SegmentExists):
+                self.store.fork(source, name)
+            return
+        offset = seg.start + int((len(seg.data) - seg.start) * fraction)
+        if offset > len(seg.data):
+            with pytest.raises(BadOffset):
+                self.store.fork(source, name, offset)
+            return
+        self.store.fork(source, name, offset)
+        fork = self.model[name] = SegmentModel()
+        fork.data, fork.start = seg.data[:offset], seg.start
 
     @rule()
     def flush(self) -> None:
