@@ -7,7 +7,7 @@ A stream is two segments, used only through ``SegmentStore``'s public methods:
   message boundaries survive in the segment (JSON mode and fork sub-offsets
   need them). A stream offset is ``<16 digits>_<16 digits>``: zero, then the
   message's byte position in the stream; it is sortable as a string and maps
-  to a byte offset of the data segment (position minus the stream's base);
+  to a byte offset of the data segment;
 - its **meta segment** ``streams/meta/<escaped name>`` is a log of framed
   JSON records: the configuration first (content type, TTL or expiry time,
   fork source and offset, data segment), then state changes (``Stream-Seq``,
@@ -26,11 +26,13 @@ taken (duplicate, gap, stale epoch), and the append carries
 ``replace_if_equals`` updates of both, so data and state change atomically;
 a lost race fails the condition and the decision is taken again.
 
-A fork keeps no copy of its source's bytes: it starts its own data segment at
-its fork offset (its base), and reads below the base go to the source's data
-segment, capped at the base (and so on down a chain of forks). A source with
-forks is soft-deleted: it answers 410, keeps its segments for the forks, and
-goes away with its last fork.
+A fork's data segment is an engine fork of its source's (``SegmentStore.fork``):
+it names the source's Tier 2 chunks up to the fork offset, so no flushed
+byte is copied (the unflushed rest is, through Tier 1), and reads never go
+back to the source. Chunks are shared within one container, so a fork's data
+segment takes an incarnation that hashes to its source's container. A source
+with forks is soft-deleted all the same, as the protocol wants: it answers
+410, keeps its name taken, and goes away with its last fork.
 
 Expiry: ``Stream-TTL`` is a sliding window from the last read or append,
 ``Stream-Expires-At`` an instant. Expired streams are deleted (or
@@ -214,7 +216,7 @@ class StreamConfig:
     forked_from: str | None = None
     fork_offset: str | None = None  # as the client gave it (None: defaulted to the source's tail)
     fork_sub_offset: int = 0
-    base: int = 0  # stream position of the data segment's first byte
+    fork_position: int = 0  # where the fork begins in its source (the offset, resolved)
 
     def to_json(self) -> dict[str, Any]:
         return {"t": "config", **{k: getattr(self, k) for k in self.__slots__}}
@@ -467,7 +469,7 @@ class StreamStore:
     def _tail(self, stream: _Stream) -> tuple[int, bool]:
         """(tail position, closed) of the stream."""
         info = self.store.info(stream.config.data_segment)
-        return stream.config.base + info.length, info.sealed
+        return info.length, info.sealed
 
     def _remove(self, stream: _Stream) -> None:
         """Delete the stream (soft-delete while forks need it); a last fork takes its soft-deleted source.
@@ -512,29 +514,6 @@ class StreamStore:
             frames, used = _unframe(bytes(whole))
         return frames, offset + used, result
 
-    def _read_span(self, name: str, position: int, cap: int | None) -> tuple[list[bytes], int]:
-        """Messages of stream ``name`` from ``position``, stitched across its fork chain, not past ``cap``.
-
-        One engine read per level at most: the caller continues from the
-        position returned. Soft-deleted sources are read all the same.
-        """
-        with self._lock:
-            stream = self._streams.get(name)
-        if stream is None:
-            raise StreamNotFound(f"fork source {name!r} is gone")
-        base = stream.config.base
-        frames: list[bytes] = []
-        if position < base:
-            bound = base if cap is None else min(base, cap)
-            frames, position = self._read_span(stream.config.forked_from or "", position, bound)
-            if position < bound or not frames:
-                return frames, position
-        if cap is not None and position >= cap:
-            return frames, position
-        limit = None if cap is None else cap - position
-        own, end, _ = self._read_frames(stream.config.data_segment, position - base, limit)
-        return frames + own, base + end if own else position
-
     def read(self, name: str, offset: str | None, *, wait_s: float = 0.0) -> StreamRead:
         """Messages from ``offset`` (None: the start; ``"now"``: the tail).
 
@@ -549,15 +528,11 @@ class StreamStore:
         position = min(position, tail)
         timed_out = False
         try:
-            if position < tail or closed or wait_s <= 0:
-                frames, position = self._read_span(name, position, None)
-            else:
-                frames, end, result = self._read_frames(
-                    config.data_segment, position - config.base, None, wait_s
-                )
-                position = config.base + end
+            wait = 0 if position < tail or closed else wait_s
+            frames, position, result = self._read_frames(config.data_segment, position, None, wait)
+            if wait:
                 closed = result.info.sealed
-                tail = config.base + result.info.length
+                tail = result.info.length
                 timed_out = not frames and not closed
         except SegmentNotFound:
             raise StreamNotFound(f"stream {name!r} was deleted") from None
@@ -625,7 +600,9 @@ class StreamStore:
                     fork_sub_offset,
                 ), False
             prefix = b""
-            base = 0
+            position = 0
+            source = None
+            data_segment = stream_data_segment(name, uuid.uuid4().hex[:16])
             if forked_from is not None:
                 source = self._find(forked_from)
                 if source is None:
@@ -641,11 +618,12 @@ class StreamStore:
                     )
                 content_type = source_type
                 source_tail, _ = self._tail(source)
-                base = source_tail if fork_offset is None else parse_offset(fork_offset)
-                if base > source_tail:
+                position = source_tail if fork_offset is None else parse_offset(fork_offset)
+                if position > source_tail:
                     raise InvalidArgument(f"fork offset {fork_offset} is past the source's tail")
                 if fork_sub_offset:
-                    prefix = self._sub_offset_prefix(source, base, fork_sub_offset)
+                    prefix = self._sub_offset_prefix(source, position, fork_sub_offset)
+                data_segment = self._beside(name, source.config.data_segment)
                 if ttl_s is None and expires_at is None:
                     ttl_s, expires_at = source.config.ttl_s, source.config.expires_at
             content_type = content_type or DEFAULT_CONTENT_TYPE
@@ -654,25 +632,46 @@ class StreamStore:
                 payload = json_payload(body, allow_empty=True)
             config = StreamConfig(
                 content_type=content_type,
-                data_segment=stream_data_segment(name, uuid.uuid4().hex[:16]),
+                data_segment=data_segment,
                 ttl_s=ttl_s,
                 expires_at=expires_at,
                 forked_from=forked_from,
                 fork_offset=fork_offset,
                 fork_sub_offset=fork_sub_offset,
-                base=base,
+                fork_position=position,
             )
-            self._create_segments(name, config, [p for p in (prefix, payload) if p], closed)
+            self._create_segments(name, config, [p for p in (prefix, payload) if p], closed, source)
             stream = _Stream(name, config)
             self._streams[name] = stream
             if forked_from is not None:
                 self._streams[forked_from].forks += 1
             return self.info(name), True
 
-    def _create_segments(self, name: str, config: StreamConfig, messages: list[bytes], closed: bool) -> None:
-        """Data segment first, meta segment last: the meta record is what makes the stream exist."""
+    def _beside(self, name: str, source_segment: str) -> str:
+        """A new data segment for ``name`` in the container of ``source_segment`` (forks share chunks)."""
+        container = self.store.container_of(source_segment)
+        while True:
+            segment = stream_data_segment(name, uuid.uuid4().hex[:16])
+            if self.store.container_of(segment) == container:
+                return segment
+
+    def _create_segments(
+        self,
+        name: str,
+        config: StreamConfig,
+        messages: list[bytes],
+        closed: bool,
+        source: _Stream | None,
+    ) -> None:
+        """Data segment first, meta segment last: the meta record is what makes the stream exist.
+
+        A fork's data segment starts as the engine's fork of its source's, up to the fork offset.
+        """
         meta = stream_meta_segment(name)
-        self.store.create(config.data_segment)
+        if source is None:
+            self.store.create(config.data_segment)
+        else:
+            self.store.fork(source.config.data_segment, config.data_segment, config.fork_position)
         try:
             if messages:
                 self.store.append(config.data_segment, b"".join(_frame(m) for m in messages))
@@ -714,7 +713,11 @@ class StreamStore:
             )
             and closed == is_closed
             and forked_from == c.forked_from
-            and (fork_offset is None or fork_offset == c.fork_offset or parse_offset(fork_offset) == c.base)
+            and (
+                fork_offset is None
+                or fork_offset == c.fork_offset
+                or parse_offset(fork_offset) == c.fork_position
+            )
             and fork_sub_offset == c.fork_sub_offset
         )
         if not same:
@@ -724,7 +727,7 @@ class StreamStore:
     def _sub_offset_prefix(self, source: _Stream, position: int, sub_offset: int) -> bytes:
         """The first ``sub_offset`` bytes (or JSON values) of the source's message at ``position``."""
         c = source.config
-        frames, _ = self._read_span(source.name, position, None)
+        frames, _, _ = self._read_frames(c.data_segment, position, None)
         if not frames:
             raise InvalidArgument("Invalid fork sub-offset: the source has no message at the fork offset")
         first = frames[0]
@@ -794,7 +797,7 @@ class StreamStore:
             result = self.store.append(stream.config.data_segment, _frame(payload))
         except SegmentSealed:
             raise self._closed(stream) from None
-        return AppendOutcome("appended", format_offset(stream.config.base + result.info.length), False)
+        return AppendOutcome("appended", format_offset(result.info.length), False)
 
     def _append_checked(
         self, stream: _Stream, payload: bytes, seq: str | None, producer: Producer | None, close: bool
@@ -845,7 +848,7 @@ class StreamStore:
         try:
             if payload:
                 result = self.store.append(segment, _frame(payload), attributes=updates)
-                tail = config.base + result.info.length
+                tail = result.info.length
             elif updates:
                 self.store.update_attributes(segment, updates)
         except SegmentSealed:

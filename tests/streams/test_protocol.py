@@ -208,15 +208,22 @@ def test_sse_binary_is_base64_and_text_keeps_lines(client: FlaskClient) -> None:
     assert json.loads(events[-1][1])["streamClosed"] is True
 
 
-def test_fork_reads_through_its_source_without_copying(
+def test_a_fork_shares_its_sources_flushed_bytes_and_copies_only_the_unflushed(
     client: FlaskClient, store: SegmentStore, streams: StreamStore
 ) -> None:
     put(client, "src", "AB")
     middle = post(client, "src", "CD").headers["Stream-Next-Offset"]
+    store.flush()
     post(client, "src", "EF")
     fork = put(client, "fork", Stream_Forked_From="/v1/stream/src", Stream_Fork_Offset=middle)
     assert fork.status_code == 201 and fork.headers["Stream-Next-Offset"] == middle
-    assert store.info(data_segment(streams, "fork")).length == 0  # nothing copied
+    source, copy = store.info(data_segment(streams, "src")), store.info(data_segment(streams, "fork"))
+    assert copy.length == copy.storage_length == source.storage_length  # its Tier 2 chunks, named
+    tip = put(client, "tip", Stream_Forked_From="src")
+    assert tip.headers["Stream-Next-Offset"] == client.head(URL + "src").headers["Stream-Next-Offset"]
+    tip_segment = store.info(data_segment(streams, "tip"))
+    assert tip_segment.storage_length == source.storage_length < tip_segment.length  # "EF" copied
+    assert client.get(URL + "tip?offset=-1").data == b"ABCDEF"
     post(client, "fork", "XY")
     assert client.get(URL + "fork?offset=-1").data == b"ABCDXY"
     assert client.get(URL + "src?offset=-1").data == b"ABCDEF"
