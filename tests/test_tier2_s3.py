@@ -8,6 +8,8 @@
   deleted one makes the read fail rather than return data).
 - Truncation deletes the objects wholly below the new start offset and keeps
   the rest.
+- A Durable Streams fork names its source's objects (none is written for
+  the shared bytes); they outlive the source's delete and go with the fork.
 - Failover (in-process, on the in-memory twins): a new epoch never writes to
   a chunk an older epoch created, and an old epoch's late bytes never show in
   reads.
@@ -376,7 +378,58 @@ def test_truncation_deletes_the_objects_below_the_start_offset(
         assert {o.key for o in chunk_objects(s3_client, s3_bucket)} == kept
 
 
-# ------------------------------------------------------------- 4. failover
+# ----------------------------------------------------------------- 4. forks
+@pytest.mark.slow
+def test_a_stream_fork_names_the_sources_objects_and_outlives_its_source(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str, s3_client: Any
+) -> None:
+    """Forking flushed bytes writes no object; deleting the source keeps them; the last delete frees them."""
+    data_dir = tmp_path / "data"
+    env = s3_env(moto_endpoint, s3_bucket, flush_threshold_ms=50, defrag_min_chunks=1000)
+    rng = random.Random(4)
+    with running(data_dir, env) as server:
+        client = Client(server.url)
+        streams = server.url + "/v1/stream/"
+
+        def data_segment(stream: str) -> str:
+            listing = client.http.get(client.url.rstrip("/"), params={"prefix": f"streams/data/{stream}/"})
+            (segment,) = listing.json()["segments"]
+            return segment["name"]
+
+        client.http.headers["Content-Type"] = "application/octet-stream"
+        assert client.http.put(streams + "src", timeout=TIMEOUT_S).status_code == 201
+        messages = [rng.randbytes(32 * KiB) for _ in range(6)]
+        for message in messages:
+            assert client.http.post(streams + "src", data=message, timeout=TIMEOUT_S).status_code == 204
+            wait_until(lambda: client.flushed(data_segment("src")), "the message is in S3")
+
+        def data_objects(stream: str) -> list[ChunkObject]:
+            prefix = f"streams/data/{stream}/"
+            return [o for o in chunk_objects(s3_client, s3_bucket) if o.segment.startswith(prefix)]
+
+        before = data_objects("src")
+        assert len(before) == len(messages)
+        fork = client.http.put(streams + "fork", headers={"Stream-Forked-From": "src"}, timeout=TIMEOUT_S)
+        assert fork.status_code == 201, fork.text
+        shared = client.info(data_segment("fork"))["storage_length"]
+        assert shared == client.info(data_segment("src"))["length"]
+        assert client.http.post(streams + "fork", data=b"own", timeout=TIMEOUT_S).status_code == 204
+        wait_until(lambda: client.flushed(data_segment("fork")), "the fork's own message is in S3")
+        assert data_objects("src") == before
+        assert [o.size for o in data_objects("fork")] == [4 + 3]  # only its own message: a frame
+
+        assert client.http.delete(streams + "src", timeout=TIMEOUT_S).status_code == 204
+        assert client.http.get(streams + "src", timeout=TIMEOUT_S).status_code == 410
+        server.kill()
+        server.start()
+        read = client.http.get(streams + "fork", params={"offset": "-1"}, timeout=TIMEOUT_S)
+        assert read.status_code == 200 and read.content == b"".join(messages) + b"own"
+
+        assert client.http.delete(streams + "fork", timeout=TIMEOUT_S).status_code == 204
+        wait_until(lambda: not chunk_objects(s3_client, s3_bucket), "every object is gone")
+
+
+# ------------------------------------------------------------- 5. failover
 class Node:
     """One in-process container on a memory Tier 1 and the given Tier 2, restartable like a process."""
 
