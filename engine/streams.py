@@ -30,9 +30,11 @@ A fork's data segment is an engine fork of its source's (``SegmentStore.fork``):
 it names the source's Tier 2 chunks up to the fork offset, so no flushed
 byte is copied (the unflushed rest is, through Tier 1), and reads never go
 back to the source. Chunks are shared within one container, so a fork's data
-segment takes an incarnation that hashes to its source's container. A source
-with forks is soft-deleted all the same, as the protocol wants: it answers
-410, keeps its name taken, and goes away with its last fork.
+segment takes an incarnation that hashes to its source's container. Deleting a
+source with forks soft-deletes it, as the protocol wants: it answers 410 and
+keeps its name taken until its last fork goes. Its data segment goes at once
+(the forks hold the chunks they share; the rest is freed), only its meta
+segment stays.
 
 Expiry: ``Stream-TTL`` is a sliding window from the last read or append,
 ``Stream-Expires-At`` an instant. Expired streams are deleted (or
@@ -382,7 +384,7 @@ class StreamStore:
                 source = streams.get(stream.config.forked_from or "")
                 if source is not None:
                     source.forks += 1
-            live = {s.config.data_segment for s in streams.values()}
+            live = {s.config.data_segment for s in streams.values() if not s.soft_deleted}
             for segment in self._list(STREAM_DATA_PREFIX):
                 if segment not in live:
                     with contextlib.suppress(SegmentNotFound):
@@ -413,6 +415,8 @@ class StreamStore:
                 stream.closed_by = (record["producer"], record["epoch"], record["seq"])
             elif kind == "soft_deleted":
                 stream.soft_deleted = True
+        if stream.soft_deleted:  # its data segment is gone, or goes with the leftovers at load
+            return stream
         try:
             info = self.store.info(stream.config.data_segment)
         except SegmentNotFound:
@@ -479,13 +483,16 @@ class StreamStore:
         if stream.forks > 0:
             self._record(stream, {"t": "soft_deleted"})
             stream.soft_deleted = True
+            with contextlib.suppress(SegmentNotFound):
+                self.store.delete(stream.config.data_segment)
             return
         # The meta segment goes first: without it the stream is gone, and a
         # crash before the data segment's delete leaves only what load collects.
         with contextlib.suppress(SegmentNotFound):
             self.store.delete(stream_meta_segment(stream.name))
-        with contextlib.suppress(SegmentNotFound):
-            self.store.delete(stream.config.data_segment)
+        if not stream.soft_deleted:
+            with contextlib.suppress(SegmentNotFound):
+                self.store.delete(stream.config.data_segment)
         del self._streams[stream.name]
         source = self._streams.get(stream.config.forked_from or "")
         if source is not None:
