@@ -23,8 +23,9 @@ it) on every segment name that starts with its prefix (``""``: all names).
 Native routes (``/v1/segments/{name}...`` and ``/v1/stream/{name}``, judged by
 that name) need read for GET/HEAD and write for every other method; a
 merge needs write on its target and on its source (the merge deletes the
-source). A listing needs read on its whole ``prefix``: a grant whose prefix
-starts the requested one (otherwise 403; listings are not filtered).
+source); a stream fork needs read on its source. A listing needs read on
+its whole ``prefix``: a grant whose prefix starts the requested one
+(otherwise 403; listings are not filtered).
 ``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
 token. This module is the one place that decides 401 and 403; tokens are
 compared in constant time and never logged or echoed.
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from flask import Flask, Request, current_app, request
 
+from app.streams import fork_source
 from engine import InvalidArgument, SegstoreError, Settings
 
 _MERGE_BODY_MAX_BYTES = 64 * 1024
@@ -239,6 +241,10 @@ def _native_check() -> None:
         return  # /metrics and unrouted paths: any valid token
     access = Access.READ if request.method in ("GET", "HEAD") else Access.WRITE
     require(principal, access, name)
+    forked_from = request.headers.get("Stream-Forked-From")
+    if route == "/v1/stream/" and request.method == "PUT" and forked_from is not None:
+        source = fork_source(forked_from)
+        require(principal, Access.READ, source, f"fork {source!r}")
     if custom == "merge" and request.method == "POST":
         source = _merge_source(request)
         if source is not None:

@@ -183,7 +183,7 @@ def _etag(name: str, start: str, result: StreamRead) -> str:
     return f'"{tag}:{start}:{result.next_offset}{":c" if result.closed else ""}"'
 
 
-def _source_name(header: str) -> str:
+def fork_source(header: str) -> str:
     """A ``Stream-Forked-From`` value (a path or a URL of a stream) as a stream name."""
     path = unquote(urlparse(header).path or header)
     return path.removeprefix(PREFIX)
@@ -237,7 +237,7 @@ def create(name: str) -> Response:
         expires_at=expires_at,
         closed=_header("Stream-Closed") == "true",
         body=body,
-        forked_from=_source_name(forked_from) if forked_from is not None else None,
+        forked_from=fork_source(forked_from) if forked_from is not None else None,
         fork_offset=fork_offset,
         fork_sub_offset=sub_offset,
     )

@@ -282,3 +282,15 @@ def test_durable_streams_routes_are_checked_by_stream_name(authed: FlaskClient) 
     assert created.status_code in (200, 201), created.get_data(as_text=True)
     assert authed.get("/v1/stream/w/events?offset=-1", headers=bearer(READER)).status_code == 403
     assert authed.get("/v1/stream/w/events?offset=-1", headers=bearer(WRITER)).status_code == 200
+
+
+def test_a_stream_fork_needs_read_on_its_source(authed: FlaskClient) -> None:
+    octets = {"Content-Type": "application/octet-stream"}
+    assert authed.put("/v1/stream/secret", data=b"x", headers={**bearer(ADMIN), **octets}).status_code == 201
+    assert authed.put("/v1/stream/r/open", data=b"y", headers={**bearer(ADMIN), **octets}).status_code == 201
+    for source in ("secret", "/v1/stream/secret", "http://elsewhere/v1/stream/secret"):
+        fork = authed.put("/v1/stream/w/copy", headers={**bearer(WRITER), "Stream-Forked-From": source})
+        assert fork.status_code == 403, (source, fork.get_data(as_text=True))
+    fork = authed.put("/v1/stream/w/copy", headers={**bearer(WRITER), "Stream-Forked-From": "r/open"})
+    assert fork.status_code == 201, fork.get_data(as_text=True)
+    assert authed.get("/v1/stream/w/copy?offset=-1", headers=bearer(WRITER)).data == b"y"
