@@ -24,10 +24,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["segstore"] = store
     errors.register_error_handlers(app)
     auth.install(app, settings)
-    ops.install_request_metrics(app, store.registry)
     app.register_blueprint(ops.bp)
     app.register_blueprint(segments.bp)
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     app.register_blueprint(s3.bp)
+    # Outermost WSGI layer: it times the stream append shortcut too.
+    ops.install_request_metrics(app, store.registry)
     return app
