@@ -85,6 +85,7 @@ from engine.naming import (
     stream_of_meta_segment,
 )
 from engine.store import SegmentStore
+from engine.types import AppendResult
 
 log = logging.getLogger(__name__)
 
@@ -800,11 +801,12 @@ class StreamStore:
         return StreamClosed(f"stream {stream.name!r} is closed", format_offset(tail))
 
     def _plain_append(self, stream: _Stream, payload: bytes) -> AppendOutcome:
+        framed = _frame(payload)
         try:
-            result = self.store.append(stream.config.data_segment, _frame(payload))
+            result = self.store.append(stream.config.data_segment, framed)
         except SegmentSealed:
             raise self._closed(stream) from None
-        return AppendOutcome("appended", format_offset(result.info.length), False)
+        return AppendOutcome("appended", format_offset(_end_of(result, len(framed))), False)
 
     def _append_checked(
         self, stream: _Stream, payload: bytes, seq: str | None, producer: Producer | None, close: bool
@@ -854,8 +856,9 @@ class StreamStore:
             )
         try:
             if payload:
-                result = self.store.append(segment, _frame(payload), attributes=updates)
-                tail = result.info.length
+                framed = _frame(payload)
+                result = self.store.append(segment, framed, attributes=updates)
+                tail = _end_of(result, len(framed))
             elif updates:
                 self.store.update_attributes(segment, updates)
         except SegmentSealed:
@@ -869,6 +872,11 @@ class StreamStore:
                 stream.closed_by = (producer.producer_id, producer.epoch, producer.seq)
             self.store.seal(segment)
         return AppendOutcome("appended", format_offset(tail), close)
+
+
+def _end_of(result: AppendResult, length: int) -> int:
+    """Where the appended message ends: its own next offset, not the tail (other appends may follow it)."""
+    return result.info.length if result.offset is None else result.offset + length
 
 
 def producer_keys(producer_id: str) -> tuple[uuid.UUID, uuid.UUID]:

@@ -4,6 +4,7 @@ errors rendered by the blueprint, metrics counted, and everything else left to F
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -129,3 +130,21 @@ def test_with_native_auth_on_appends_go_through_flasks_checks(settings: Settings
         assert client.get(URL + "s?offset=-1", headers=granted).data == b"x"
     finally:
         close_app(app)
+
+
+def test_concurrent_appends_each_answer_where_their_own_message_ends(client: FlaskClient) -> None:
+    """Appends committed in one batch each get their own next offset, not the batch's tail."""
+    put(client, "s")
+    answers: list[str] = []
+
+    def append_some() -> None:
+        for _ in range(10):
+            answers.append(post(client, "s", "x" * 6).headers["Stream-Next-Offset"])
+
+    threads = [threading.Thread(target=append_some) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ends = {f"{0:016d}_{10 * i:016d}" for i in range(1, 81)}  # a 4-byte frame length + 6 bytes each
+    assert sorted(answers) == sorted(ends)
