@@ -322,11 +322,11 @@ def _read_lines(client: SegmentClient, byte_range: ByteRange, read_bytes: int) -
     while position < limit and (pending_offset < end or pending):
         # Past the range's end, only the rest of its last line is wanted.
         want = read_bytes if position < end else min(read_bytes, 64 * 1024)
-        result = client.read(segment, position, min(want, limit - position))
-        if not result.data:
+        data = _get(client, segment, position, min(want, limit - position))
+        if not data:
             break
-        position += len(result.data)
-        buffer = pending + result.data if pending else result.data
+        position += len(data)
+        buffer = pending + data if pending else data
         base = pending_offset
         if skip_partial:
             newline = buffer.find(b"\n")
