@@ -442,7 +442,9 @@ class PlainAppend:
     (DESIGN.md "Facts measured": 1.6k req/s under Flask, 4.7k for plain WSGI).
     Anything else (producers, ``Stream-Seq``, closing, chunked bodies,
     native auth, paths Flask would redirect) goes to Flask untouched, and an
-    error of the append is rendered by the blueprint's own handler.
+    error of the append is rendered by the blueprint's own handler. No other
+    Flask hook runs for it: a ``before_request`` added for stream routes
+    must be added here too.
     """
 
     def __init__(self, app: Flask, wsgi_app: Any) -> None:
