@@ -75,12 +75,12 @@ def _store() -> SegmentStore:
     return current_app.extensions["segstore"]
 
 
-_ROUTE_KEY = "segstore.route"
+ROUTE_KEY = "segstore.route"
 
 
 def set_route(route: str) -> None:
     """Label this request's metrics with ``route`` (a view that serves several patterns)."""
-    request.environ[_ROUTE_KEY] = route
+    request.environ[ROUTE_KEY] = route
 
 
 class _RequestMetrics:
@@ -99,7 +99,7 @@ class _RequestMetrics:
         started = time.perf_counter()
 
         def record(status: str, headers: Any, exc_info: Any = None) -> Any:
-            route = environ.get(_ROUTE_KEY)
+            route = environ.get(ROUTE_KEY)
             if route is None:
                 rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
                 route = rule.rule if rule is not None else "unmatched"

@@ -473,7 +473,7 @@ class PlainAppend:
         if plain is None:
             return self.wsgi_app(environ, start_response)
         name, length = plain
-        environ[ops._ROUTE_KEY] = _ROUTE
+        environ[ops.ROUTE_KEY] = _ROUTE
         try:
             body = environ["wsgi.input"].read(length)
             if len(body) != length:

@@ -25,7 +25,8 @@ class AppendResult:
     """Outcome of an append.
 
     ``offset`` is where the bytes start (None for a duplicate), ``info`` the
-    segment's state right after the append. ``duplicate`` is True when the
+    segment's state once the Tier 1 write that carried the append was applied
+    (so its length may count appends committed in the same write after it). ``duplicate`` is True when the
     writer's event number was not greater than the stored one; then nothing
     was appended and ``event_number`` is the stored one.
     """
