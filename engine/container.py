@@ -273,10 +273,12 @@ class SegmentContainer:
         """
         tries = 0
         while True:
-            op = self._fork_operation(source, name, offset)
-            if op.data_length > self.settings.max_append_bytes and tries == 0:
+            op, end = self._fork_layout(source, name, offset)
+            if end - op.length > self.settings.max_append_bytes and tries == 0:
                 self.writer.flush(_FORK_FLUSH_TIMEOUT_S)
-                op = self._fork_operation(source, name, offset)
+                op, end = self._fork_layout(source, name, offset)
+            op.data = self._read_exactly(source, op.source_id, op.length, end)
+            op.data_length = len(op.data)
             try:
                 self._submit(op)
             except LayoutChanged:
@@ -286,7 +288,8 @@ class SegmentContainer:
                 continue
             return self.metadata.info(name)
 
-    def _fork_operation(self, source: str, name: str, offset: int | None) -> ops.ForkSegment:
+    def _fork_layout(self, source: str, name: str, offset: int | None) -> tuple[ops.ForkSegment, int]:
+        """A fork of ``source``'s committed layout (its bytes not yet read), and where the fork ends."""
         self._check_ready()
         with self.metadata.lock:
             seg = self.metadata.by_name(source)
@@ -302,27 +305,28 @@ class SegmentContainer:
                 for c in seg.chunks
                 if c.end > info.start_offset and c.start < flushed
             ]
-            shared = max(flushed, info.start_offset)
-            boundaries = [b for b in seg.boundaries if info.start_offset <= b < end]
-            source_id, rollover = seg.segment_id, seg.rollover_bytes
-        tail = bytearray()
-        while shared + len(tail) < end:
-            result = self.read(source, shared + len(tail), end - shared - len(tail), wait_s=0)
-            if result.info.segment_id != source_id:
-                raise SegmentNotFound(f"segment {source!r} was deleted during the fork")
-            tail += result.data
-        return ops.ForkSegment(
-            name=name,
-            created=time.time(),
-            rollover_bytes=rollover,
-            chunks=[list(c) for c in chunks],
-            length=shared,
-            start_offset=info.start_offset,
-            source=source,
-            source_id=source_id,
-            data=bytes(tail),
-            boundaries=boundaries,
-        )
+            op = ops.ForkSegment(
+                name=name,
+                created=time.time(),
+                rollover_bytes=seg.rollover_bytes,
+                chunks=[list(c) for c in chunks],
+                length=max(flushed, info.start_offset),
+                start_offset=info.start_offset,
+                source=source,
+                source_id=seg.segment_id,
+                boundaries=[b for b in seg.boundaries if info.start_offset <= b < end],
+            )
+        return op, end
+
+    def _read_exactly(self, name: str, segment_id: int, start: int, end: int) -> bytes:
+        """Bytes [start, end) of segment ``segment_id`` (SegmentNotFound if ``name`` is another now)."""
+        data = bytearray()
+        while start + len(data) < end:
+            result = self.read(name, start + len(data), end - start - len(data), wait_s=0)
+            if result.info.segment_id != segment_id:
+                raise SegmentNotFound(f"segment {name!r} was deleted meanwhile")
+            data += result.data
+        return bytes(data)
 
     def append(
         self,

@@ -184,18 +184,18 @@ def test_a_fork_overtaken_by_a_layout_change_takes_the_layout_again(
     node.store.append("src", data)
     node.store.flush()
     container = node.container
-    take = container._fork_operation
+    take = container._fork_layout
     calls: list[ops.ForkSegment] = []
 
-    def stale_first(source: str, name: str, offset: int | None) -> ops.ForkSegment:
-        op = take(source, name, offset)
+    def stale_first(source: str, name: str, offset: int | None) -> tuple[ops.ForkSegment, int]:
+        op, end = take(source, name, offset)
         if not calls:  # the source drops its first chunk before the fork is logged
             node.store.truncate("src", 1000)
             node.store.flush()
         calls.append(op)
-        return op
+        return op, end
 
-    monkeypatch.setattr(container, "_fork_operation", stale_first)
+    monkeypatch.setattr(container, "_fork_layout", stale_first)
     info = node.store.fork("src", "fork")
     assert len(calls) == 2 and len(calls[0].chunks) == 3 and len(calls[1].chunks) == 2
     assert info.start_offset == 1000
