@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client.segment_client import SegmentClient, segment_path
+from client.segment_client import SegmentClient
 
 HEADER_BYTES = 4
 FRAMINGS = ("length_prefixed", "lines", "raw")
@@ -223,7 +223,7 @@ def _chunks(client: SegmentClient, segment: str, start: int, end: int, read_byte
     """
 
     def fetch(a: int, b: int) -> bytes:
-        data = _get(client, segment, a, b - a)
+        data = client.read(segment, a, b - a).data
         if not data:
             raise FramingError(f"{segment}: nothing readable at {a}, below the planned end {end}")
         return data
@@ -246,25 +246,6 @@ def _chunks(client: SegmentClient, segment: str, start: int, end: int, read_byte
         finally:
             for _, _, future in inflight:
                 future.cancel()
-
-
-def _get(client: SegmentClient, segment: str, offset: int, length: int) -> bytes:
-    """The bytes of one ranged GET (fewer than ``length`` at the server's read limit or the end).
-
-    Through the client's retrying transport, but the body is read in one
-    call: ``requests``' ``.content`` reads it 10 KiB at a time and joins the
-    pieces, which cost the Spark worker three times the CPU of the read.
-    """
-    response = client._request(
-        "GET",
-        segment_path(segment),
-        safe_to_resend=True,
-        ok=(200, 204),
-        params={"offset": offset, "length": length},
-        stream=True,
-    )
-    with response:
-        return response.raw.read(decode_content=True)
 
 
 def _read_frames(client: SegmentClient, byte_range: ByteRange, read_bytes: int) -> Iterator[pa.RecordBatch]:
@@ -322,7 +303,7 @@ def _read_lines(client: SegmentClient, byte_range: ByteRange, read_bytes: int) -
     while position < limit and (pending_offset < end or pending):
         # Past the range's end, only the rest of its last line is wanted.
         want = read_bytes if position < end else min(read_bytes, 64 * 1024)
-        data = _get(client, segment, position, min(want, limit - position))
+        data = client.read(segment, position, min(want, limit - position)).data
         if not data:
             break
         position += len(data)
