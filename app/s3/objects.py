@@ -52,10 +52,15 @@ from engine import (
 log = logging.getLogger(__name__)
 
 META = ".s3"
+# The one region a bucket reports (GetBucketLocation answers the empty us-east-1 constraint).
+REGION = "us-east-1"
 # How long one append of an upload waits out back-pressure before the upload fails (SlowDown).
 THROTTLED_WAIT_MAX_S = 60.0
 RESERVED_BUCKETS = frozenset({"v1", "healthz", "readyz", "metrics"})
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
+_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _locks_guard = threading.Lock()
 
@@ -74,7 +79,20 @@ def key_lock(name: str) -> threading.Lock:
 
 
 def check_bucket_name(bucket: str) -> None:
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket or bucket in RESERVED_BUCKETS:
+    """S3's general purpose bucket naming rules (400 InvalidBucketName), plus segstore's own paths.
+
+    3 to 63 characters of lowercase letters, digits, ``.`` and ``-``; a letter
+    or digit at each end; no ``..``, ``.-`` or ``-.``; not shaped like an IPv4
+    address; none of the prefixes and suffixes S3 keeps for its own features.
+    """
+    if (
+        not _BUCKET.fullmatch(bucket)
+        or any(pair in bucket for pair in ("..", ".-", "-."))
+        or _IPV4.fullmatch(bucket)
+        or bucket.startswith(_RESERVED_PREFIXES)
+        or bucket.endswith(_RESERVED_SUFFIXES)
+        or bucket in RESERVED_BUCKETS
+    ):
         raise S3Error("InvalidBucketName", f"The specified bucket is not valid: {bucket!r}")
 
 

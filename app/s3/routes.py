@@ -7,19 +7,17 @@ operations compose engine calls through ``objects`` and ``multipart``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import re
 from collections.abc import Iterator
-from urllib.parse import quote_plus, unquote
+from urllib.parse import unquote
 
 from flask import Blueprint, Response, current_app, request
 from werkzeug.http import http_date, parse_date
 from werkzeug.routing import BaseConverter
 
 from app import auth, ops
-from app.s3 import errors, multipart, objects, sigv4
+from app.s3 import errors, listing, multipart, objects, sigv4, subresources
 from app.s3.chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
@@ -35,7 +33,6 @@ from engine import (
 
 bp = Blueprint("s3", __name__)
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE"]
-LIST_KEYS_MAX = 1000
 XML_BODY_MAX_BYTES = 2 * 1024 * 1024
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _DIGITS = re.compile(r"[0-9]{1,19}")
@@ -92,16 +89,8 @@ def service() -> Response:
     """ListBuckets: the buckets whose names the caller has any grant under."""
     ops.set_route("/")
     verdict = _verify()
-    if request.method not in ("GET", "HEAD"):
-        raise S3Error("MethodNotAllowed", "The specified method is not allowed against this resource.")
-    prefix = objects.bucket_marker("")
-    buckets = [
-        ("Bucket", [("Name", info.name[len(prefix) :]), ("CreationDate", iso8601(info.created))])
-        for info in objects.list_all(_store(), prefix)
-        if verdict.principal.touches(info.name[len(prefix) :] + "/")
-    ]
-    owner = ("Owner", [("ID", "segstore"), ("DisplayName", "segstore")])
-    return document("ListAllMyBucketsResult", [owner, ("Buckets", buckets)])
+    subresources.operation("service", request.method, request.args, request.headers)
+    return listing.list_buckets(_store(), lambda bucket: verdict.principal.touches(bucket + "/"))
 
 
 # ------------------------------------------------------------------- bucket
@@ -110,35 +99,30 @@ def service() -> Response:
 def bucket_view(bucket: str) -> Response:
     ops.set_route("/{bucket}")
     verdict = _verify()
-    args = request.args
+    op = subresources.operation("bucket", request.method, request.args, request.headers)
     store = _store()
-    method = request.method
-    if method == "PUT":
+    if op == "CreateBucket":
         _require(verdict, auth.Access.ADMIN, bucket + "/")
         return _create_bucket(store, bucket)
-    if method == "DELETE":
+    if op == "DeleteBucket":
         _require(verdict, auth.Access.ADMIN, bucket + "/")
         return _delete_bucket(store, bucket)
-    if method == "POST" and "delete" in args:
-        objects.require_bucket(store, bucket)
+    if not verdict.principal.touches(bucket + "/"):
+        raise S3Error("AccessDenied", "Access Denied")
+    objects.require_bucket(store, bucket)
+    if op == "HeadBucket":
+        return Response(status=200, headers={"x-amz-bucket-region": objects.REGION})
+    if op == "GetBucketLocation":
+        return document("LocationConstraint", [])
+    if op == "GetBucketVersioning":
+        return document("VersioningConfiguration", [])
+    if op == "DeleteObjects":
         return _delete_objects(store, verdict, bucket)
-    if method == "HEAD":
-        if not verdict.principal.touches(bucket + "/"):
-            raise S3Error("AccessDenied", "Access Denied")
-        objects.require_bucket(store, bucket)
-        return Response(status=200, headers={"x-amz-bucket-region": "us-east-1"})
-    if method == "GET":
-        objects.require_bucket(store, bucket)
-        if "location" in args:
-            return document("LocationConstraint", [])
-        if "uploads" in args or "versioning" in args or "policy" in args or "acl" in args:
-            raise S3Error(
-                "NotImplemented",
-                "A header or query you provided implies functionality that is not implemented.",
-            )
-        _require(verdict, auth.Access.READ, f"{bucket}/{args.get('prefix', '')}")
-        return _list_objects(store, bucket)
-    raise S3Error("MethodNotAllowed", "The specified method is not allowed against this resource.")
+    _require(verdict, auth.Access.READ, f"{bucket}/{request.args.get('prefix', '')}")
+    if op == "ListObjectVersions":
+        return listing.list_object_versions(store, bucket)
+    assert op == "ListObjects", op
+    return listing.list_objects(store, bucket)
 
 
 def _create_bucket(store: SegmentStore, bucket: str) -> Response:
@@ -165,118 +149,6 @@ def _delete_bucket(store: SegmentStore, bucket: str) -> Response:
     except SegmentNotFound:
         raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
     return Response(status=204)
-
-
-def _int_arg(name: str, default: int, maximum: int) -> int:
-    raw = request.args.get(name)
-    if raw is None:
-        return default
-    if not _DIGITS.fullmatch(raw):
-        raise S3Error("InvalidArgument", f"{name} must be a non-negative integer")
-    return min(int(raw), maximum)
-
-
-def _token(marker: str) -> str:
-    return base64.urlsafe_b64encode(marker.encode("utf-8")).decode("ascii")
-
-
-def _untoken(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
-    except (ValueError, binascii.Error, UnicodeError):
-        raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
-
-
-def _listing(
-    store: SegmentStore, bucket: str, prefix: str, delimiter: str, start: str, max_keys: int
-) -> tuple[list[SegmentInfo], list[str], str | None]:
-    """Objects and common prefixes after the key ``start``, at most ``max_keys`` in all.
-
-    Returns them and the key marker to continue after (None: nothing more).
-    A common prefix is skipped whole by listing after ``prefix + U+10FFFF``.
-    """
-    base = bucket + "/"
-    contents: list[SegmentInfo] = []
-    prefixes: list[str] = []
-    after = base + start if start else None
-    last = ""
-    while True:
-        page, more = store.list(base + prefix, after=after, limit=max(1, min(max_keys + 1, LIST_KEYS_MAX)))
-        restart = False
-        for info in page:
-            key = info.name[len(base) :]
-            cut = key.find(delimiter, len(prefix)) if delimiter else -1
-            if len(contents) + len(prefixes) == max_keys:
-                return contents, prefixes, last or None
-            if cut >= 0:
-                common = key[: cut + len(delimiter)]
-                prefixes.append(common)
-                last = common + "\U0010ffff"
-                after = base + last
-                restart = True
-                break
-            contents.append(info)
-            last = key
-            after = info.name
-        if not restart and more is None:
-            return contents, prefixes, None
-
-
-def _list_objects(store: SegmentStore, bucket: str) -> Response:
-    """ListObjectsV2 (``list-type=2``), or the original ListObjects with ``marker``."""
-    args = request.args
-    v2 = args.get("list-type") == "2"
-    prefix = args.get("prefix", "")
-    delimiter = args.get("delimiter", "")
-    max_keys = _int_arg("max-keys", LIST_KEYS_MAX, LIST_KEYS_MAX)
-    url = args.get("encoding-type") == "url"
-    if args.get("encoding-type") not in (None, "url"):
-        raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request")
-
-    def enc(text: str) -> str:
-        return quote_plus(text, safe="/") if url else text
-
-    if v2:
-        token = args.get("continuation-token")
-        start = _untoken(token) if token is not None else args.get("start-after", "")
-    else:
-        start = args.get("marker", "")
-    contents, prefixes, next_marker = _listing(store, bucket, prefix, delimiter, start, max_keys)
-    items = [
-        (
-            "Contents",
-            [
-                ("Key", enc(info.name[len(bucket) + 1 :])),
-                ("LastModified", iso8601(info.last_modified)),
-                ("ETag", f'"{objects.etag_of(store, info)}"'),
-                ("Size", info.length),
-                ("StorageClass", "STANDARD"),
-            ],
-        )
-        for info in contents
-    ]
-    common = [("CommonPrefixes", [("Prefix", enc(p))]) for p in prefixes]
-    head = [
-        ("Name", bucket),
-        ("Prefix", enc(prefix)),
-        ("Delimiter", enc(delimiter) if delimiter else None),
-        ("MaxKeys", max_keys),
-        ("EncodingType", "url" if url else None),
-        ("IsTruncated", next_marker is not None),
-    ]
-    if v2:
-        head += [
-            ("KeyCount", len(contents) + len(prefixes)),
-            ("ContinuationToken", args.get("continuation-token")),
-            ("NextContinuationToken", _token(next_marker) if next_marker else None),
-            ("StartAfter", enc(args["start-after"]) if "start-after" in args else None),
-        ]
-    else:
-        head += [
-            ("Marker", enc(start)),
-            ("NextMarker", enc(next_marker) if next_marker and delimiter else None),
-        ]
-    return document("ListBucketResult", [*head, *items, *common])
 
 
 def _delete_objects(store: SegmentStore, verdict: sigv4.Verdict, bucket: str) -> Response:
@@ -306,39 +178,50 @@ def _delete_objects(store: SegmentStore, verdict: sigv4.Verdict, bucket: str) ->
 def object_view(bucket: str, key: str) -> Response:
     ops.set_route("/{bucket}/{key}")
     verdict = _verify()
+    op = subresources.operation("object", request.method, request.args, request.headers)
     store = _store()
     objects.require_bucket(store, bucket)
     name = objects.object_name(bucket, key)
     args = request.args
-    method = request.method
-    if method in ("GET", "HEAD"):
+    _check_version_id(op)
+    if op in ("GetObject", "HeadObject", "ListParts"):
         _require(verdict, auth.Access.READ, name)
-        if "uploadId" in args and method == "GET":
+        if op == "ListParts":
             return _list_parts(store, bucket, key)
-        return _get_object(store, name, head=method == "HEAD")
+        return _get_object(store, name, head=op == "HeadObject")
     _require(verdict, auth.Access.WRITE, name)
     if "X-Amz-Copy-Source" in request.headers:
-        if method != "PUT" or "uploadId" in args:
-            raise S3Error("NotImplemented", "UploadPartCopy is not implemented")
+        if op != "PutObject":
+            raise subresources.not_implemented("UploadPartCopy")
         return _copy_object(store, verdict, name)
-    if method == "PUT" and "uploadId" in args:
+    if op == "UploadPart":
         return _upload_part(store, verdict, bucket, key)
-    if method == "PUT":
+    if op == "PutObject":
         return _put_object(store, verdict, name)
-    if method == "DELETE" and "uploadId" in args:
+    if op == "AbortMultipartUpload":
         multipart.abort(store, args["uploadId"], bucket, key)
         return Response(status=204)
-    if method == "DELETE":
+    if op == "DeleteObject":
         objects.delete_object(store, name)
         return Response(status=204)
-    if method == "POST" and "uploads" in args:
+    if op == "CreateMultipartUpload":
         upload_id = multipart.create(store, bucket, key)
         return document(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
         )
-    if method == "POST" and "uploadId" in args:
-        return _complete(store, verdict, bucket, key)
-    raise S3Error("MethodNotAllowed", "The specified method is not allowed against this resource.")
+    assert op == "CompleteMultipartUpload", op
+    return _complete(store, verdict, bucket, key)
+
+
+def _check_version_id(op: str) -> None:
+    """``versionId``: objects have one version, ``null`` (versioning is never enabled)."""
+    version = request.args.get("versionId")
+    if version is None:
+        return
+    if op not in ("GetObject", "HeadObject", "DeleteObject", "PutObject"):
+        raise S3Error("InvalidArgument", "This operation does not accept a version id")
+    if version != "null" or op == "PutObject":
+        raise S3Error("InvalidArgument", "Invalid version id specified")
 
 
 def _object_headers(info: SegmentInfo, etag: str) -> dict[str, str]:
@@ -582,8 +465,8 @@ def _complete(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: str
 
 def _list_parts(store: SegmentStore, bucket: str, key: str) -> Response:
     upload_id = request.args["uploadId"]
-    marker = _int_arg("part-number-marker", 0, multipart.PART_NUMBER_MAX)
-    max_parts = _int_arg("max-parts", 1000, 1000)
+    marker = listing.int_arg("part-number-marker", 0, multipart.PART_NUMBER_MAX)
+    max_parts = listing.int_arg("max-parts", 1000, 1000)
     found = sorted(multipart.parts(store, upload_id, bucket, key).values(), key=lambda p: p.number)
     after = [p for p in found if p.number > marker]
     page = after[:max_parts]

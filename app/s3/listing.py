@@ -1,0 +1,235 @@
+"""S3 listings: ListBuckets, ListObjects (v1 and v2) and ListObjectVersions over segment names.
+
+Keys are listed in segment name order (UTF-8 code point order, as S3's
+binary order of UTF-8 bytes). With a delimiter, the keys that share a prefix
+up to it are rolled up into one common prefix; a marker (v1 ``marker``,
+``key-marker``, or the key a v2 continuation token carries) equal to such a
+prefix continues after every key under it, so the last key or common prefix
+of a page is also where the next page starts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable
+from urllib.parse import quote_plus
+
+from flask import Response, request
+
+from app.s3 import objects
+from app.s3.errors import S3Error
+from app.s3.xml import Node, document, iso8601
+from engine import SegmentInfo, SegmentStore
+
+LIST_KEYS_MAX = 1000
+LIST_BUCKETS_MAX = 10000
+OWNER: Node = ("Owner", [("ID", "segstore"), ("DisplayName", "segstore")])
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_AFTER_ALL = "\U0010ffff"
+
+
+def int_arg(name: str, default: int, maximum: int) -> int:
+    """A non-negative integer query argument, capped at ``maximum``."""
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    if not _DIGITS.fullmatch(raw):
+        raise S3Error("InvalidArgument", f"{name} must be a non-negative integer")
+    return min(int(raw), maximum)
+
+
+def token(marker: str) -> str:
+    return base64.urlsafe_b64encode(marker.encode("utf-8")).decode("ascii")
+
+
+def untoken(value: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8")
+    except (ValueError, binascii.Error, UnicodeError):
+        raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
+
+
+def _resume_after(prefix: str, delimiter: str, start: str) -> str:
+    """The last key a page starting at marker ``start`` must skip: past a whole common prefix."""
+    if delimiter and start.startswith(prefix):
+        cut = start.find(delimiter, len(prefix))
+        if cut >= 0 and cut + len(delimiter) == len(start):
+            return start + _AFTER_ALL
+    return start
+
+
+def listing(
+    store: SegmentStore, bucket: str, prefix: str, delimiter: str, start: str, max_keys: int
+) -> tuple[list[SegmentInfo], list[str], str | None]:
+    """Objects and common prefixes after the marker ``start``, at most ``max_keys`` in all.
+
+    Returns them and the marker of the next page (None: nothing more): the
+    last key or common prefix returned.
+    """
+    base = bucket + "/"
+    contents: list[SegmentInfo] = []
+    prefixes: list[str] = []
+    resume = _resume_after(prefix, delimiter, start) if start else ""
+    after = base + resume if resume else None
+    last = ""
+    while True:
+        page, more = store.list(base + prefix, after=after, limit=max(1, min(max_keys + 1, LIST_KEYS_MAX)))
+        restart = False
+        for info in page:
+            key = info.name[len(base) :]
+            cut = key.find(delimiter, len(prefix)) if delimiter else -1
+            if len(contents) + len(prefixes) == max_keys:
+                return contents, prefixes, last or None
+            if cut >= 0:
+                common = key[: cut + len(delimiter)]
+                prefixes.append(common)
+                last = common
+                after = base + common + _AFTER_ALL
+                restart = True
+                break
+            contents.append(info)
+            last = key
+            after = info.name
+        if not restart and more is None:
+            return contents, prefixes, None
+
+
+def _encoder() -> tuple[bool, Callable[[str], str]]:
+    kind = request.args.get("encoding-type")
+    if kind not in (None, "url"):
+        raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request")
+    url = kind == "url"
+    return url, (lambda text: quote_plus(text, safe="/")) if url else (lambda text: text)
+
+
+def _object_fields(store: SegmentStore, bucket: str, info: SegmentInfo, enc: Callable[[str], str]) -> list:
+    return [
+        ("Key", enc(info.name[len(bucket) + 1 :])),
+        ("LastModified", iso8601(info.last_modified)),
+        ("ETag", f'"{objects.etag_of(store, info)}"'),
+        ("Size", info.length),
+    ]
+
+
+def list_objects(store: SegmentStore, bucket: str) -> Response:
+    """ListObjectsV2 (``list-type=2``), or the original ListObjects with ``marker``."""
+    args = request.args
+    v2 = args.get("list-type") == "2"
+    prefix = args.get("prefix", "")
+    delimiter = args.get("delimiter", "")
+    max_keys = int_arg("max-keys", LIST_KEYS_MAX, LIST_KEYS_MAX)
+    url, enc = _encoder()
+    if v2:
+        continuation = args.get("continuation-token")
+        start = untoken(continuation) if continuation is not None else args.get("start-after", "")
+    else:
+        start = args.get("marker", "")
+    contents, prefixes, next_marker = listing(store, bucket, prefix, delimiter, start, max_keys)
+    with_owner = args.get("fetch-owner") == "true" if v2 else True
+    owner = [OWNER] if with_owner else []
+    items = [
+        ("Contents", [*_object_fields(store, bucket, info, enc), *owner, ("StorageClass", "STANDARD")])
+        for info in contents
+    ]
+    common = [("CommonPrefixes", [("Prefix", enc(p))]) for p in prefixes]
+    head = [
+        ("Name", bucket),
+        ("Prefix", enc(prefix)),
+        ("Delimiter", enc(delimiter) if delimiter else None),
+        ("MaxKeys", max_keys),
+        ("EncodingType", "url" if url else None),
+        ("IsTruncated", next_marker is not None),
+    ]
+    if v2:
+        head += [
+            ("KeyCount", len(contents) + len(prefixes)),
+            ("ContinuationToken", args.get("continuation-token")),
+            ("NextContinuationToken", token(next_marker) if next_marker else None),
+            ("StartAfter", enc(args["start-after"]) if "start-after" in args else None),
+        ]
+    else:
+        head += [
+            ("Marker", enc(start)),
+            ("NextMarker", enc(next_marker) if next_marker and delimiter else None),
+        ]
+    return document("ListBucketResult", [*head, *items, *common])
+
+
+def list_object_versions(store: SegmentStore, bucket: str) -> Response:
+    """ListObjectVersions of a bucket that never had versioning: each object once, version ``null``."""
+    args = request.args
+    prefix = args.get("prefix", "")
+    delimiter = args.get("delimiter", "")
+    max_keys = int_arg("max-keys", LIST_KEYS_MAX, LIST_KEYS_MAX)
+    url, enc = _encoder()
+    key_marker = args.get("key-marker", "")
+    version_marker = args.get("version-id-marker")
+    if version_marker is not None and not key_marker:
+        raise S3Error("InvalidArgument", "A version-id marker cannot be specified without a key marker.")
+    if version_marker not in (None, "", "null"):
+        raise S3Error("InvalidArgument", "Invalid version id specified")
+    contents, prefixes, next_marker = listing(store, bucket, prefix, delimiter, key_marker, max_keys)
+    versions = [
+        (
+            "Version",
+            [
+                *_object_fields(store, bucket, info, enc)[:1],
+                ("VersionId", "null"),
+                ("IsLatest", True),
+                *_object_fields(store, bucket, info, enc)[1:],
+                ("StorageClass", "STANDARD"),
+                OWNER,
+            ],
+        )
+        for info in contents
+    ]
+    next_is_key = next_marker is not None and not next_marker.endswith(delimiter or "\0")
+    head = [
+        ("Name", bucket),
+        ("Prefix", enc(prefix)),
+        ("KeyMarker", enc(key_marker)),
+        ("VersionIdMarker", version_marker or ""),
+        ("NextKeyMarker", enc(next_marker) if next_marker else None),
+        ("NextVersionIdMarker", "null" if next_is_key else None),
+        ("MaxKeys", max_keys),
+        ("Delimiter", enc(delimiter) if delimiter else None),
+        ("EncodingType", "url" if url else None),
+        ("IsTruncated", next_marker is not None),
+    ]
+    common = [("CommonPrefixes", [("Prefix", enc(p))]) for p in prefixes]
+    return document("ListVersionsResult", [*head, *versions, *common])
+
+
+def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Response:
+    """ListBuckets: the buckets ``visible`` admits, with ``prefix``, ``max-buckets`` and paging."""
+    args = request.args
+    prefix = args.get("prefix", "")
+    max_buckets = int_arg("max-buckets", LIST_BUCKETS_MAX, LIST_BUCKETS_MAX)
+    if "max-buckets" in args and max_buckets < 1:
+        raise S3Error("InvalidArgument", "max-buckets must be between 1 and 10000")
+    continuation = args.get("continuation-token")
+    marker_base = objects.bucket_marker("")
+    after = marker_base + untoken(continuation) if continuation else None
+    buckets: list[Node] = []
+    names: list[str] = []
+    next_token = None
+    for info in objects.list_all(store, marker_base + prefix, after):
+        name = info.name[len(marker_base) :]
+        if not visible(name):
+            continue
+        if len(names) == max_buckets:
+            next_token = token(names[-1])
+            break
+        names.append(name)
+        buckets.append(("Bucket", [("Name", name), ("CreationDate", iso8601(info.created))]))
+    return document(
+        "ListAllMyBucketsResult",
+        [
+            OWNER,
+            ("Buckets", buckets),
+            ("ContinuationToken", next_token),
+            ("Prefix", prefix if "prefix" in args else None),
+        ],
+    )
