@@ -248,7 +248,7 @@ class StorageWriter:
                         gone = segment_id not in self.metadata.segments
                     assert gone, f"segment {segment_id}: unflushed bytes at {written} are not cached"
                     # Merged meanwhile: its bytes were moved to the target, which flushes them.
-                    self._delete_chunks(c.name for c in layout if c.name not in {c.name for c in chunks})
+                    self._drop_uncommitted(chunks, layout, merged)
                     return False
                 layout = self.chunked.write(name, segment_id, layout, written, data, rollover)
                 written += len(data)
@@ -323,10 +323,20 @@ class StorageWriter:
         try:
             self.durable_log.add(op).result()
         except SegmentNotFound:
-            known = {c.name for c in old} | {c.name for m in merged for c in m.chunks}
-            self._delete_chunks(c.name for c in new if c.name not in known)
+            self._drop_uncommitted(old, new, merged)
             return False
         return True
+
+    def _drop_uncommitted(self, old: list[ChunkRef], new: list[ChunkRef], merged: list[PendingMerge]) -> None:
+        """Undo a flush whose layout never committed (its segment was merged or deleted meanwhile).
+
+        The chunks it created are deleted; the chunks it extended hold bytes past
+        their recorded length, so nothing appends to them again (the target of a
+        merge starts a chunk of its own instead of finding them by BadChunkOffset).
+        """
+        recorded = {c.name: c.length for c in old} | {c.name: c.length for m in merged for c in m.chunks}
+        self._delete_chunks(c.name for c in new if c.name not in recorded)
+        self.chunked.abandon(c.name for c in new if c.name in recorded and c.length > recorded[c.name])
 
     def _commit_index(self, op: ops.UpdateAttributeIndex, written: int) -> bool:
         """Make an attribute index update durable; False if the segment is gone."""

@@ -120,6 +120,10 @@ class ChunkedSegmentStorage:
         # (a write whose layout update never committed): never append to them.
         self._abandoned: set[str] = set()
 
+    def abandon(self, names: Iterable[str]) -> None:
+        """Chunks that hold bytes past their recorded length: never appended to again."""
+        self._abandoned.update(names)
+
     def owned(self, chunk: ChunkRef) -> bool:
         """True if the current epoch created ``chunk`` (only then may it write to it)."""
         parts = naming.parse_chunk_name(chunk.name)

@@ -283,3 +283,20 @@ def test_concurrent_replacements_never_show_mixed_or_partial_bytes(
     assert not failures
     assert "whole" in seen
     assert set(seen) <= {"whole", "empty", "NoSuchKey"}
+
+
+def test_a_large_put_flushes_without_unrecorded_chunk_bytes(
+    s3: Any, bucket: str, s3_server: ServerProcess
+) -> None:
+    """A PutObject's staging segment is merged while the storage writer flushes it: the chunk it
+    extended holds bytes the layout never recorded, and the object's own flush must not find them
+    by writing into that chunk (a BadChunkOffset traceback in the log, and a wasted write)."""
+    before = s3_server.log_path.read_text()
+    data = os.urandom(20 * 1024 * 1024)
+    for key in ("big/1", "big/2"):
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
+    time.sleep(1.5)  # the storage writer flushes the merged objects
+    for key in ("big/1", "big/2"):
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    added = s3_server.log_path.read_text()[len(before) :]
+    assert "BadChunkOffset" not in added and "Traceback" not in added, added[-3000:]
