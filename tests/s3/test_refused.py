@@ -27,7 +27,7 @@ TAGS = {"TagSet": [{"Key": "a", "Value": "b"}]}
 REPLICATION = {
     "Role": "arn:aws:iam::1:role/r",
     "Rules": [{"Status": "Enabled", "Prefix": "", "Destination": {"Bucket": "arn:aws:s3:::x"}}],
-}  # noqa: E501
+}
 IT = {"Id": "t", "Status": "Enabled", "Tierings": [{"Days": 90, "AccessTier": "ARCHIVE_ACCESS"}]}
 INVENTORY = {
     "Id": "i", "IsEnabled": True, "IncludedObjectVersions": "Current", "Schedule": {"Frequency": "Daily"},
