@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from app.s3.errors import S3Error
+from app.s3.metadata import Stored
 from engine import (
     InvalidName,
     SegmentExists,
@@ -113,8 +114,8 @@ def bucket_marker(bucket: str) -> str:
     return f"{META}/buckets/{bucket}"
 
 
-def etag_record_name(name: str) -> str | None:
-    """Where the ETag of object segment ``name`` is kept (None: the name would be too long)."""
+def record_name(name: str) -> str | None:
+    """Where object segment ``name`` keeps its ``Stored`` (None: the name would be too long)."""
     record = f"{META}/etags/{name}"
     return record if len(record.encode()) <= 1024 else None
 
@@ -150,39 +151,70 @@ def derived_etag(info: SegmentInfo) -> str:
     return hashlib.md5(f"{info.segment_id}:{info.length}".encode()).hexdigest() + "-1"
 
 
-def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
-    """The object's ETag: its recorded MD5 if the record is about these bytes, else the derived one."""
-    record_name = etag_record_name(info.name)
-    if record_name is not None:
-        with contextlib.suppress(SegstoreError, ValueError):
-            data = store.read(record_name).data
+def stored_of(store: SegmentStore, info: SegmentInfo) -> Stored:
+    """What the object keeps besides its bytes, if its record is about these bytes.
+
+    Otherwise (written through the native API, or the record was not written)
+    a derived ETag and no metadata.
+    """
+    name = record_name(info.name)
+    if name is not None:
+        with contextlib.suppress(SegstoreError, ValueError, KeyError, TypeError):
+            data = store.read(name).data
             record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
             if record["id"] == info.segment_id and record["length"] == info.length:
-                return str(record["etag"])
-    return derived_etag(info)
+                return Stored.from_json(record)
+    return Stored(derived_etag(info))
 
 
-def write_etag(store: SegmentStore, info: SegmentInfo, etag: str) -> None:
-    """Record ``etag`` for the object ``info`` describes; the record keeps only its last line."""
-    record_name = etag_record_name(info.name)
-    if record_name is None:
+def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
+    return stored_of(store, info).etag
+
+
+def write_record(store: SegmentStore, name: str, segment_id: int, length: int, stored: Stored) -> None:
+    """Record ``stored`` for the object segment ``name`` once it is ``segment_id`` of ``length`` bytes.
+
+    The record segment keeps only its last line.
+    """
+    record = record_name(name)
+    if record is None:
         return
-    line = json.dumps({"id": info.segment_id, "length": info.length, "etag": etag}).encode() + b"\n"
     try:
         with contextlib.suppress(SegmentExists):
-            store.create(record_name)
-        result = store.append(record_name, line)
+            store.create(record)
+        result = store.append(record, stored.to_json(segment_id, length))
         assert result.offset is not None
-        store.truncate(record_name, result.offset)
+        store.truncate(record, result.offset)
     except Throttled as err:  # the object is in place; it gets the derived ETag meanwhile
-        log.warning("ETag of %r not recorded: %s", info.name, err.detail)
+        log.warning("record of %r not written: %s", name, err.detail)
 
 
-def drop_etag(store: SegmentStore, name: str) -> None:
-    record_name = etag_record_name(name)
-    if record_name is not None:
+def drop_record(store: SegmentStore, name: str) -> None:
+    record = record_name(name)
+    if record is not None:
         with contextlib.suppress(SegmentNotFound):
-            store.delete(record_name)
+            store.delete(record)
+
+
+def precondition_failed() -> S3Error:
+    return S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+
+
+def check_write_conditions(
+    store: SegmentStore, current: SegmentInfo | None, *, if_none_match: bool, if_match: str | None
+) -> None:
+    """A conditional write's checks against the object now: ``If-None-Match: *`` and ``If-Match``.
+
+    ``If-Match`` on a missing object is NoSuchKey; ``If-Match: *`` holds for any existing object.
+    """
+    if if_none_match and current is not None:
+        raise precondition_failed()
+    if if_match is not None:
+        if current is None:
+            raise S3Error("NoSuchKey", "The specified key does not exist.")
+        wanted = if_match.strip()
+        if wanted != "*" and etag_of(store, current) != wanted.strip('"'):
+            raise precondition_failed()
 
 
 def patiently(append: Callable[[bytes], object], data: bytes) -> None:
@@ -224,50 +256,51 @@ def publish(
     store: SegmentStore,
     target: str,
     staging: str,
-    etag: str,
+    stored: Stored,
     *,
     if_none_match: bool = False,
     if_match: str | None = None,
 ) -> SegmentInfo:
-    """Make the sealed ``staging`` segment the object ``target`` (replacing it) and record its ETag.
+    """Make the ``staging`` segment the object ``target`` (replacing it), with ``stored`` as its record.
 
     ``if_none_match``: only if there is no such object; ``if_match``: only if
-    the current object has that ETag. Either failing: PreconditionFailed, and
-    the staging segment is dropped.
+    the current object has that ETag (or exists, for ``*``). Either failing:
+    PreconditionFailed, and the staging segment is dropped. The record is
+    written for the new segment before its bytes merge in, so a reader that
+    sees the bytes also sees their ETag and metadata.
     """
     try:
-        store.seal(staging)
+        sealed = store.seal(staging)
         with key_lock(target):
             try:
                 current = store.info(target)
             except SegmentNotFound:
                 current = None
-            if if_none_match and current is not None:
-                raise S3Error(
-                    "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"
-                )
-            if if_match is not None and (current is None or etag_of(store, current) != if_match.strip('"')):
-                if current is None:
-                    raise S3Error("NoSuchKey", "The specified key does not exist.")
-                raise S3Error(
-                    "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"
-                )
+            check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
             if current is not None:
                 store.delete(target)
-            store.create(target)
+            created = store.create(target)
+            write_record(store, target, created.segment_id, sealed.length, stored)
             merged = store.merge(target, staging)
             assert merged.offset == 0, "a fresh object segment must be empty when its bytes merge in"
-            info = store.seal(target)
-            write_etag(store, info, etag)
-            return info
+            return store.seal(target)
     except BaseException:
         discard(store, staging)
         raise
 
 
-def delete_object(store: SegmentStore, name: str) -> None:
-    """Delete the object and its ETag record; a missing object is fine (S3 answers 204 alike)."""
+def delete_object(store: SegmentStore, name: str, *, if_match: str | None = None) -> None:
+    """Delete the object and its record; a missing object is fine (S3 answers 204 alike).
+
+    With ``if_match``, only the object of that ETag (412 otherwise, 404 if there is none).
+    """
     with key_lock(name):
+        if if_match is not None:
+            try:
+                current = store.info(name)
+            except SegmentNotFound:
+                current = None
+            check_write_conditions(store, current, if_none_match=False, if_match=if_match)
         with contextlib.suppress(SegmentNotFound):
             store.delete(name)
-        drop_etag(store, name)
+        drop_record(store, name)

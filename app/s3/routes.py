@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from urllib.parse import unquote
 
 from flask import Blueprint, Response, current_app, request
-from werkzeug.http import http_date, parse_date
+from werkzeug.http import parse_date
 from werkzeug.routing import BaseConverter
 
 from app import auth, ops
-from app.s3 import errors, listing, multipart, objects, sigv4, subresources
+from app.s3 import checksums, errors, listing, metadata, multipart, objects, reading, sigv4, subresources
 from app.s3.chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
@@ -34,7 +34,6 @@ from engine import (
 bp = Blueprint("s3", __name__)
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE"]
 XML_BODY_MAX_BYTES = 2 * 1024 * 1024
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
@@ -188,7 +187,7 @@ def object_view(bucket: str, key: str) -> Response:
         _require(verdict, auth.Access.READ, name)
         if op == "ListParts":
             return _list_parts(store, bucket, key)
-        return _get_object(store, name, head=op == "HeadObject")
+        return reading.get_object(store, name, head=op == "HeadObject")
     _require(verdict, auth.Access.WRITE, name)
     if "X-Amz-Copy-Source" in request.headers:
         if op != "PutObject":
@@ -202,13 +201,10 @@ def object_view(bucket: str, key: str) -> Response:
         multipart.abort(store, args["uploadId"], bucket, key)
         return Response(status=204)
     if op == "DeleteObject":
-        objects.delete_object(store, name)
+        objects.delete_object(store, name, if_match=request.headers.get("If-Match"))
         return Response(status=204)
     if op == "CreateMultipartUpload":
-        upload_id = multipart.create(store, bucket, key)
-        return document(
-            "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
-        )
+        return _create_upload(store, bucket, key)
     assert op == "CompleteMultipartUpload", op
     return _complete(store, verdict, bucket, key)
 
@@ -224,116 +220,16 @@ def _check_version_id(op: str) -> None:
         raise S3Error("InvalidArgument", "Invalid version id specified")
 
 
-def _object_headers(info: SegmentInfo, etag: str) -> dict[str, str]:
-    return {
-        "ETag": f'"{etag}"',
-        "Last-Modified": http_date(int(info.last_modified)),
-        "Accept-Ranges": "bytes",
-        "Content-Type": "binary/octet-stream",
-    }
-
-
-def _preconditions(info: SegmentInfo, etag: str) -> Response | None:
-    """If-Match / If-Unmodified-Since (412) and If-None-Match / If-Modified-Since (304)."""
-    modified = int(info.last_modified)
-    if_match = request.headers.get("If-Match")
-    if if_match is not None and not request.if_match.contains(etag) and if_match.strip() != "*":
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
-    since = parse_date(request.headers.get("If-Unmodified-Since"))
-    if if_match is None and since is not None and modified > since.timestamp():
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
-    if_none_match = request.headers.get("If-None-Match")
-    if if_none_match is not None and (request.if_none_match.contains(etag) or if_none_match.strip() == "*"):
-        return Response(status=304, headers=_object_headers(info, etag))
-    since = parse_date(request.headers.get("If-Modified-Since"))
-    if if_none_match is None and since is not None and modified <= since.timestamp():
-        return Response(status=304, headers=_object_headers(info, etag))
-    return None
-
-
-def _byte_range(length: int) -> tuple[int, int] | None:
-    """The inclusive range a ``Range`` header asks for, or None for the whole object."""
-    raw = request.headers.get("Range")
-    if raw is None:
-        return None
-    match = _RANGE.fullmatch(raw.strip())
-    if match is None or (not match.group(1) and not match.group(2)):
-        return None  # several ranges or another unit: S3 answers with the whole object
-    first, last = match.group(1), match.group(2)
-    if not first:
-        suffix = int(last)
-        if suffix == 0 or length == 0:
-            raise _invalid_range(length)
-        return max(0, length - suffix), length - 1
-    start = int(first)
-    end = min(int(last), length - 1) if last else length - 1
-    if start >= length or (last and int(last) < start):
-        raise _invalid_range(length)
-    return start, end
-
-
-def _invalid_range(length: int) -> S3Error:
-    return S3Error(
-        "InvalidRange",
-        "The requested range is not satisfiable",
-        headers={"Content-Range": f"bytes */{length}"},
-    )
-
-
-def _stream(store: SegmentStore, info: SegmentInfo, start: int, end: int) -> Iterator[bytes]:
-    """The bytes [start, end) of the object ``info`` names, read by read; stops if it is replaced."""
-    offset = start
-    while offset < end:
-        result = store.read(info.name, offset, end - offset)
-        if result.info.segment_id != info.segment_id:
-            raise SegmentNotFound(f"{info.name!r} was replaced while it was read")
-        if result.next_offset == offset:
-            raise SegmentNotFound(f"{info.name!r} ended at {offset} while it was read")
-        yield from result.pieces
-        offset = result.next_offset
-
-
-def _get_object(store: SegmentStore, name: str, *, head: bool) -> Response:
-    info = store.info(name)
-    etag = objects.etag_of(store, info)
-    not_modified = _preconditions(info, etag)
-    if not_modified is not None:
-        return not_modified
-    headers = _object_headers(info, etag)
-    byte_range = _byte_range(info.length) if "partNumber" not in request.args else None
-    start, end, status = 0, info.length, 200
-    if byte_range is not None:
-        start, end, status = byte_range[0], byte_range[1] + 1, 206
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.length}"
-    headers["Content-Length"] = str(end - start)
-    if head:
-        return Response(status=status, headers=headers)
-    body = _stream(store, info, start, end)
-    # The first read happens now, so a failure still gets a proper error answer.
-    first = next(body, b"")
-    return Response(_chain(first, body), status=status, headers=headers)
-
-
-def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
-    yield first
-    yield from rest
-
-
 def _put_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Response:
     offset_header = request.headers.get("X-Amz-Write-Offset-Bytes")
     if offset_header is not None:
         return _append_object(store, verdict, name, offset_header)
-    if_none_match = request.headers.get("If-None-Match")
-    if if_none_match is not None and if_none_match.strip() != "*":
-        raise S3Error("NotImplemented", "PutObject takes If-None-Match only as *")
-    if if_none_match is not None:
-        try:
-            store.info(name)
-            raise S3Error(
-                "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"
-            )
-        except SegmentNotFound:
-            pass
+    if_none_match = _if_none_match_star()
+    if_match = request.headers.get("If-Match")
+    meta = metadata.from_request(request.headers)
+    if if_none_match or if_match is not None:  # fail before the body is read; publish checks again
+        current = _info_or_none(store, name)
+        objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
     body = Body(request, verdict.signing)
     staging = objects.stage(store, name, body.pieces(store.settings.max_append_bytes))
     try:
@@ -341,41 +237,103 @@ def _put_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Respo
     except BaseException:
         objects.discard(store, staging)
         raise
-    objects.publish(
-        store,
-        name,
-        staging,
-        body.etag,
-        if_none_match=if_none_match is not None,
-        if_match=request.headers.get("If-Match"),
-    )
-    return Response(status=200, headers={"ETag": f'"{body.etag}"', **body.checksum_headers()})
+    checksum = body.checksum_headers()
+    if checksum:
+        checksum["x-amz-checksum-type"] = "FULL_OBJECT"
+    stored = metadata.Stored(body.etag, meta, checksum)
+    objects.publish(store, name, staging, stored, if_none_match=if_none_match, if_match=if_match)
+    return Response(status=200, headers={"ETag": f'"{body.etag}"', **checksum})
+
+
+def _if_none_match_star() -> bool:
+    """A write's ``If-None-Match``: only ``*`` (create, never replace) means anything on S3."""
+    value = request.headers.get("If-None-Match")
+    if value is not None and value.strip() != "*":
+        raise subresources.not_implemented("If-None-Match other than *")
+    return value is not None
+
+
+def _info_or_none(store: SegmentStore, name: str) -> SegmentInfo | None:
+    try:
+        return store.info(name)
+    except SegmentNotFound:
+        return None
+
+
+def _copy_conditions(info: SegmentInfo, etag: str) -> None:
+    """CopyObject's ``x-amz-copy-source-if-*`` headers, judged on the source: 412 when one fails.
+
+    As on S3, a matching ETag wins over If-Unmodified-Since, and a
+    non-matching If-None-Match over If-Modified-Since.
+    """
+    headers = request.headers
+    modified = int(info.last_modified)
+    if_match = headers.get("x-amz-copy-source-if-match")
+    if_none_match = headers.get("x-amz-copy-source-if-none-match")
+    unmodified_since = parse_date(headers.get("x-amz-copy-source-if-unmodified-since"))
+    modified_since = parse_date(headers.get("x-amz-copy-source-if-modified-since"))
+    tags = {t.strip().strip('"') for t in (if_match or "").split(",")}
+    if if_match is not None and etag not in tags and "*" not in tags:
+        raise objects.precondition_failed()
+    if if_match is None and unmodified_since is not None and modified > unmodified_since.timestamp():
+        raise objects.precondition_failed()
+    tags = {t.strip().strip('"') for t in (if_none_match or "").split(",")}
+    if if_none_match is not None and (etag in tags or "*" in tags):
+        raise objects.precondition_failed()
+    if if_none_match is None and modified_since is not None and modified <= modified_since.timestamp():
+        raise objects.precondition_failed()
 
 
 def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Response:
     """CopyObject: the source's bytes staged beside the target, then published like a PutObject.
 
-    The copy's ETag is the MD5 of the bytes (computed as they are copied);
-    metadata directives do not apply, as no metadata is stored.
+    The copy's ETag is the MD5 of the bytes and its checksum (the source's
+    algorithm, or ``x-amz-checksum-algorithm``) is computed as they are
+    copied. ``x-amz-metadata-directive``: ``COPY`` (default) keeps the
+    source's metadata, ``REPLACE`` takes the request's.
     """
     source = unquote(request.headers["X-Amz-Copy-Source"]).partition("?")[0].lstrip("/")
     source_bucket, _, source_key = source.partition("/")
     objects.require_bucket(store, source_bucket)
     source_name = objects.object_name(source_bucket, source_key)
     _require(verdict, auth.Access.READ, source_name)
+    directive = request.headers.get("x-amz-metadata-directive", "COPY").strip().upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise S3Error("InvalidArgument", f"Unknown metadata directive {directive!r}")
+    if source_name == name and directive != "REPLACE":
+        raise S3Error(
+            "InvalidRequest",
+            "This copy request is illegal because it is trying to copy an object to itself without "
+            "changing the object's metadata, storage class, website redirect location or encryption "
+            "attributes.",
+        )
     info = store.info(source_name)
-    copy_if_match = request.headers.get("X-Amz-Copy-Source-If-Match")
-    if copy_if_match is not None and copy_if_match.strip('"') != objects.etag_of(store, info):
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+    source_stored = objects.stored_of(store, info)
+    _copy_conditions(info, source_stored.etag)
+    meta = metadata.from_request(request.headers) if directive == "REPLACE" else source_stored.meta
+    algorithm = request.headers.get("x-amz-checksum-algorithm") or source_stored.checksum_algorithm()
+    checksum = checksums.new(algorithm) if algorithm else None
+    if algorithm and checksum is None:
+        raise S3Error("InvalidRequest", f"checksum algorithm {algorithm!r} is not supported here")
     md5 = hashlib.md5()
 
     def pieces() -> Iterator[bytes]:
-        for piece in _stream(store, info, 0, info.length):
+        for piece in reading.stream(store, info, 0, info.length):
             md5.update(piece)
+            if checksum is not None:
+                checksum.update(piece)
             yield piece
 
     staging = objects.stage(store, name, pieces())
-    published = objects.publish(store, name, staging, md5.hexdigest())
+    stored_checksum = {}
+    if checksum is not None and algorithm:
+        header = checksums.HEADER_PREFIX + algorithm.lower()
+        stored_checksum = {header: checksums.encode(checksum), "x-amz-checksum-type": "FULL_OBJECT"}
+    stored = metadata.Stored(md5.hexdigest(), dict(meta), stored_checksum)
+    if_match = request.headers.get("If-Match")
+    published = objects.publish(
+        store, name, staging, stored, if_none_match=_if_none_match_star(), if_match=if_match
+    )
     return document(
         "CopyObjectResult",
         [("LastModified", iso8601(published.last_modified)), ("ETag", f'"{md5.hexdigest()}"')],
@@ -429,12 +387,29 @@ def _part_number() -> int:
     return int(raw)
 
 
+def _create_upload(store: SegmentStore, bucket: str, key: str) -> Response:
+    algorithm = request.headers.get("x-amz-checksum-algorithm")
+    kind = request.headers.get("x-amz-checksum-type", "COMPOSITE").strip().upper()
+    if kind != "COMPOSITE":
+        raise subresources.not_implemented(f"x-amz-checksum-type: {kind}")
+    algorithm = algorithm.strip().lower() if algorithm else None
+    upload_id = multipart.create(store, bucket, key, metadata.from_request(request.headers), algorithm)
+    headers = (
+        {"x-amz-checksum-algorithm": algorithm.upper(), "x-amz-checksum-type": kind} if algorithm else {}
+    )
+    return document(
+        "InitiateMultipartUploadResult",
+        [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)],
+        headers=headers,
+    )
+
+
 def _upload_part(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: str) -> Response:
     body = Body(request, verdict.signing)
 
-    def finish() -> str:
+    def finish() -> tuple[str, dict[str, str]]:
         body.finish()
-        return body.etag
+        return body.etag, body.checksum_headers()
 
     etag = multipart.upload_part(
         store,
@@ -449,18 +424,46 @@ def _upload_part(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: 
 
 
 def _complete(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: str) -> Response:
+    if_none_match = _if_none_match_star()
     root = parse(_xml_body(verdict))
     chosen = []
     for part in root.findall("Part"):
         number = (part.findtext("PartNumber") or "").strip()
         if not _DIGITS.fullmatch(number):
             raise S3Error("MalformedXML", "each Part needs a PartNumber")
-        chosen.append((int(number), (part.findtext("ETag") or "").strip()))
-    etag = multipart.complete(store, request.args["uploadId"], bucket, key, chosen)
+        sent = {
+            child.tag.removeprefix("Checksum").lower(): (child.text or "").strip()
+            for child in part
+            if child.tag.startswith("Checksum") and child.tag != "ChecksumType"
+        }
+        chosen.append(multipart.Chosen(int(number), (part.findtext("ETag") or "").strip(), sent))
+    stored = multipart.complete(
+        store,
+        request.args["uploadId"],
+        bucket,
+        key,
+        chosen,
+        if_none_match=if_none_match,
+        if_match=request.headers.get("If-Match"),
+    )
+    fields = [(_checksum_field(h), v) for h, v in stored.checksum.items()]
     return document(
         "CompleteMultipartUploadResult",
-        [("Location", f"/{bucket}/{key}"), ("Bucket", bucket), ("Key", key), ("ETag", f'"{etag}"')],
+        [
+            ("Location", f"/{bucket}/{key}"),
+            ("Bucket", bucket),
+            ("Key", key),
+            ("ETag", f'"{stored.etag}"'),
+            *fields,
+        ],
+        headers=stored.checksum,
     )
+
+
+def _checksum_field(header: str) -> str:
+    """The XML element of a checksum header: ``x-amz-checksum-crc32`` is ``ChecksumCRC32``."""
+    name = header.removeprefix(checksums.HEADER_PREFIX)
+    return "ChecksumType" if name == "type" else "Checksum" + name.upper()
 
 
 def _list_parts(store: SegmentStore, bucket: str, key: str) -> Response:

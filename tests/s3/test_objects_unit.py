@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.s3 import objects
+from app.s3.metadata import Stored
 from engine import SegmentStore, Settings, Throttled
 
 
@@ -45,10 +46,10 @@ def test_staging_names_share_the_target_container(store: SegmentStore) -> None:
 
 def test_etag_record_only_counts_for_the_bytes_it_was_made_for(store: SegmentStore) -> None:
     staging = objects.stage(store, "b/k", [b"hello"])
-    info = objects.publish(store, "b/k", staging, "5d41402abc4b2a76b9719d911017c592")
+    info = objects.publish(store, "b/k", staging, Stored("5d41402abc4b2a76b9719d911017c592"))
     assert objects.etag_of(store, info) == "5d41402abc4b2a76b9719d911017c592"
     staging = objects.stage(store, "b/k", [b"other"])
-    replaced = objects.publish(store, "b/k", staging, "795f3202b17cb6bc3d4b771d8c6c9eaf")
+    replaced = objects.publish(store, "b/k", staging, Stored("795f3202b17cb6bc3d4b771d8c6c9eaf"))
     assert objects.etag_of(store, replaced) == "795f3202b17cb6bc3d4b771d8c6c9eaf"
     assert objects.etag_of(store, info) == objects.derived_etag(info)  # the old segment's record is gone
     store.delete("b/k")
