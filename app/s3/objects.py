@@ -5,20 +5,22 @@ Layout, all in ordinary segment names so nothing here needs engine support:
 - object ``key`` of bucket ``b`` is the segment ``b/key``;
 - bucket ``b`` exists when the empty sealed segment ``.s3/buckets/b`` does
   (``.s3`` is not a valid bucket name, so it never collides with an object);
-- a single-part object's ETag (the MD5 of its bytes, computed while the
-  upload streamed) is kept in ``.s3/etags/b/key`` as a JSON line
-  ``{"id": segment id, "length": n, "etag": hex}``. It only counts while the
-  object's segment id and length still match: a segment written or replaced
-  through the native API gets a derived ETag ``<md5 of id:length>-1``
-  instead, never a wrong MD5. HEAD reads this record, never the object;
+- what an object keeps besides its bytes (``metadata.Stored``: its ETag,
+  the MD5 of its bytes computed while the upload streamed, its metadata
+  headers, checksum and part sizes) is kept in ``.s3/etags/b/key`` as a JSON
+  line ``{"id": segment id, "length": n, "etag": hex, ...}``. It only counts
+  while the object's segment id and length still match: a segment written or
+  replaced through the native API gets a derived ETag ``<md5 of
+  id:length>-1`` and no metadata instead, never a wrong MD5. HEAD reads this
+  record, never the object;
 - a PutObject stages its bytes in ``.s3/staging/<uuid>`` and a multipart
   upload collects its parts in ``.s3/uploads/<upload id>``; both names are
   picked in the target's container, so publishing them is a metadata-only
   merge, whatever the object's size.
 
 Publishing (``publish``) under a per-key lock: [delete the old object],
-create it empty, merge the sealed staging segment into it, seal it, write
-the ETag record. A reader in between sees NoSuchKey or an empty object for
+create it empty, write its record, merge the sealed staging segment into
+it, seal it. A reader in between sees NoSuchKey or an empty object for
 the few milliseconds of three log operations; it never sees a mix of old and
 new bytes, nor a half-written upload.
 """

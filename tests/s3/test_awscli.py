@@ -94,3 +94,24 @@ def test_presign_and_wrong_secret(s3: Any, s3_server: ServerProcess, bucket: str
     wrong = aws(s3_server, "s3", "ls", f"s3://{bucket}/", secret="wrong-secret")
     assert wrong.returncode != 0
     assert "SignatureDoesNotMatch" in wrong.stderr
+
+
+def test_cp_keeps_content_type_and_metadata(
+    s3: Any, s3_server: ServerProcess, bucket: str, tmp_path: Path
+) -> None:
+    (tmp_path / "small.csv").write_bytes(b"a,b\n")
+    (tmp_path / "big.bin").write_bytes(os.urandom(9 * MiB))
+    for name in ("small.csv", "big.bin"):  # a PutObject, then a multipart upload
+        result = aws(
+            s3_server, "s3", "cp", str(tmp_path / name), f"s3://{bucket}/{name}",
+            "--content-type", "text/csv", "--metadata", "source=cli",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        head = s3.head_object(Bucket=bucket, Key=name)
+        assert head["ContentType"] == "text/csv" and head["Metadata"] == {"source": "cli"}
+    result = aws(s3_server, "s3api", "get-bucket-versioning", "--bucket", bucket)
+    assert result.returncode == 0, result.stderr
+    result = aws(s3_server, "s3api", "put-object-tagging", "--bucket", bucket, "--key", "small.csv",
+                 "--tagging", "TagSet=[{Key=a,Value=b}]")  # fmt: skip
+    assert result.returncode != 0 and "NotImplemented" in result.stderr
+    assert s3.get_object(Bucket=bucket, Key="small.csv")["Body"].read() == b"a,b\n"
