@@ -28,6 +28,8 @@ class Settings:
 
     data_dir: str = "./data"
     bind: str = "127.0.0.1:8080"
+    # Tier 1 location: "" (files under <data_dir>/tier1) or s3://bucket/prefix (fenced by epoch).
+    tier1: str = ""
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -86,6 +88,19 @@ class Settings:
             raise InvalidArgument("setting container_count must be at least 1")
         if self.max_frame_bytes < 4096:
             raise InvalidArgument("setting max_frame_bytes must be at least 4096")
+        if self.tier1 and self.tier1_s3 is None:
+            raise InvalidArgument(f"setting tier1={self.tier1!r}: Tier 1 is local files or s3://bucket/prefix")
+        if self.tier1_s3 is not None and self.tier2_s3 is None:
+            raise InvalidArgument(
+                "setting tier1 is on S3 but tier2 is a local folder: a lost node would lose what is in "
+                "Tier 2; set tier2 to s3://bucket/prefix too"
+            )
+        one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
+        if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
+            raise InvalidArgument(
+                "settings tier1 and tier2 share a bucket, so they need prefixes of their own "
+                "(neither inside the other), e.g. s3://bucket/tier1 and s3://bucket/tier2"
+            )
 
     @property
     def bind_is_loopback(self) -> bool:
@@ -109,17 +124,26 @@ class Settings:
         return Path(self.tier2) if self.tier2 else self.data_path / "tier2"
 
     @property
+    def tier1_s3(self) -> tuple[str, str] | None:
+        """(bucket, prefix) when Tier 1 is ``s3://bucket/prefix``, else None (local files)."""
+        return _s3_location("tier1", self.tier1)
+
+    @property
     def tier2_s3(self) -> tuple[str, str] | None:
         """(bucket, prefix) when Tier 2 is ``s3://bucket/prefix``, else None."""
-        if not self.tier2.startswith("s3://"):
-            return None
-        bucket, _, prefix = self.tier2.removeprefix("s3://").partition("/")
-        if not bucket:
-            raise InvalidArgument(f"setting tier2={self.tier2!r} names no bucket")
-        return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+        return _s3_location("tier2", self.tier2)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+def _s3_location(setting: str, value: str) -> tuple[str, str] | None:
+    if not value.startswith("s3://"):
+        return None
+    bucket, _, prefix = value.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise InvalidArgument(f"setting {setting}={value!r} names no bucket")
+    return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
 
 
 def _convert(name: str, kind: str, raw: Any) -> Any:

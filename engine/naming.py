@@ -99,6 +99,21 @@ def tier1_dir(data_dir: Path, container_id: int) -> Path:
     return data_dir / "tier1" / f"c{container_id}"
 
 
+def wal_prefix(container_id: int) -> str:
+    """Where container ``container_id``'s Tier 1 objects live when Tier 1 is an object store."""
+    return f"c{container_id}/wal/"
+
+
+def wal_object_name(container_id: int, first_frame_seq: int) -> str:
+    return f"{wal_prefix(container_id)}{first_frame_seq:020d}"
+
+
+def parse_wal_object_name(container_id: int, name: str) -> int | None:
+    """The first frame sequence number of a Tier 1 object of the container, or None."""
+    rest = name.removeprefix(wal_prefix(container_id))
+    return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
+
+
 def log_file_name(first_frame_seq: int) -> str:
     return f"{first_frame_seq:020d}.log"
 

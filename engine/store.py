@@ -25,7 +25,9 @@ from engine.attributes import AttributeUpdate
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
+from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.file_log import FileDataLog
+from engine.durable_log.object_log import ObjectDataLog
 from engine.errors import (
     ContainerNotReady,
     InvalidArgument,
@@ -38,7 +40,7 @@ from engine.errors import (
 )
 from engine.metrics import EngineMetrics
 from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_segment_name
-from engine.tier2.chunk_storage import ChunkStorage
+from engine.tier2.chunk_storage import ChunkExists, ChunkStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
@@ -57,6 +59,7 @@ class SegmentStore:
         self.metrics = EngineMetrics(self.registry)
         self._lock_fd: int | None = None
         self._storage: ChunkStorage | None = None
+        self._tier1_storage: ChunkStorage | None = None
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._started = threading.Event()
         self._closed = False
@@ -66,7 +69,10 @@ class SegmentStore:
     def start(self, *, wait: bool = False) -> None:
         """Lock the data directory and recover every container (in background threads)."""
         if not self._containers:
-            run_blocking(self._lock_data_dir)
+            if self.settings.tier1_s3 is None:
+                run_blocking(self._lock_data_dir)
+            else:  # the fence of each container's log replaces the data folder's lock
+                self._pin_container_count_in_tier1()
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
         for container in self._containers:
             container.start()
@@ -99,14 +105,46 @@ class SegmentStore:
             tmp.write_text(json.dumps({"container_count": self.settings.container_count}))
             os.replace(tmp, pinned)
 
+    def _pin_container_count_in_tier1(self) -> None:
+        """With Tier 1 on S3 the container count is pinned in the bucket, not the data folder."""
+        wanted = json.dumps({"container_count": self.settings.container_count}).encode()
+        storage = self._tier1_objects()
+        try:
+            storage.create(_STORE_FILE, wanted)
+            return
+        except ChunkExists:
+            pass
+        count = json.loads(storage.read(storage.open_read(_STORE_FILE), 0, 1 << 16))["container_count"]
+        if count != self.settings.container_count:
+            raise InvalidArgument(
+                f"Tier 1 {self.settings.tier1} was created with container_count={count}; "
+                f"it cannot be opened with {self.settings.container_count}"
+            )
+
     def _build_container(self, container_id: int) -> SegmentContainer:
         s = self.settings
-        data_log = FileDataLog(
-            tier1_dir(s.data_path, container_id),
-            file_bytes=s.tier1_file_bytes,
-            max_frame_bytes=s.max_frame_bytes,
-        )
+        data_log: DurableDataLog
+        if s.tier1_s3 is None:
+            data_log = FileDataLog(
+                tier1_dir(s.data_path, container_id),
+                file_bytes=s.tier1_file_bytes,
+                max_frame_bytes=s.max_frame_bytes,
+            )
+        else:
+            data_log = ObjectDataLog(self._tier1_objects(), container_id, max_frame_bytes=s.max_frame_bytes)
         return SegmentContainer(container_id, s, data_log, self._tier2(), self.metrics)
+
+    def _tier1_objects(self) -> ChunkStorage:
+        """The object store of an S3 Tier 1 (one client for every container's log)."""
+        if self._tier1_storage is None:
+            from engine.tier2.s3 import S3ChunkStorage  # see _tier2 on the late import
+
+            location = self.settings.tier1_s3
+            assert location is not None
+            bucket, prefix = location
+            endpoint = self.settings.s3_endpoint or None
+            self._tier1_storage = S3ChunkStorage(bucket, prefix, endpoint_url=endpoint)
+        return self._tier1_storage
 
     def _tier2(self) -> ChunkStorage:
         """The Tier 2 binding the settings name: an S3 bucket, or a local folder."""

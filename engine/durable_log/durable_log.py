@@ -30,7 +30,7 @@ from engine import operations as ops
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.durable_log.completion import Completion
-from engine.durable_log.data_log import DurableDataLog
+from engine.durable_log.data_log import DurableDataLog, LogFenced
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog
 from engine.errors import ContainerNotReady, DataCorrupted, SegstoreError, StorageFull
@@ -176,6 +176,8 @@ class DurableLog:
                 return  # closed and drained
             try:
                 self._process(batch)
+                if self._failure:
+                    return
             except Exception as exc:  # a bug: stop taking writes rather than corrupt
                 log.exception("container %d: processor failed", self.metadata.container_id)
                 self._failure = f"the operation processor failed: {exc}"
@@ -205,13 +207,18 @@ class DurableLog:
             except OSError as exc:
                 updater.burn_sequence_numbers()
                 error: SegstoreError
-                if exc.errno == errno.ENOSPC:
+                if isinstance(exc, LogFenced):  # stop for good: nothing is acknowledged again
+                    self._failure = f"fenced: {exc}"
+                    error = ContainerNotReady(self._failure, retry_after_s=1)
+                elif exc.errno == errno.ENOSPC:
                     error = StorageFull(f"Tier 1 is full: {exc.strerror}")
                 else:
                     error = ContainerNotReady(f"Tier 1 write failed: {exc}", retry_after_s=1)
                 log.error("container %d: %s", self.metadata.container_id, error.detail)
                 for item in batch:
                     item.future.set_exception(error)
+                if self._failure:
+                    self._fail_queued(ContainerNotReady(self._failure, retry_after_s=1))
                 return
         self._apply(logged)
         now = time.monotonic()
