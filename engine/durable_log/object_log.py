@@ -82,6 +82,7 @@ class ObjectDataLog:
         self._objects: list[int] = []  # first frame seq of every object of the log, oldest first
         self._lock = threading.Lock()
         self._fenced: str | None = None
+        self._broken: str | None = None
 
     def _name(self, seq: int) -> str:
         return wal_object_name(self.container_id, seq)
@@ -183,37 +184,58 @@ class ObjectDataLog:
 
     # ------------------------------------------------------------------ writes
     def append(self, payload: bytes) -> tuple[int, int]:
-        """One object holding ``payload``'s frames; durable on return. LogFenced once fenced."""
+        """One object holding ``payload``'s frames; durable on return. LogFenced once fenced.
+
+        A create whose outcome is unknown (an error after the request left) is
+        settled by reading the name back: our bytes there are a success, no
+        object is a clean failure; anything else breaks the log, as the
+        rolled-back operations might still be in it (a restart recovers).
+        """
         if self._fenced:
             raise LogFenced(self._fenced)
+        if self._broken:
+            raise OSError(errno.EIO, f"Tier 1 log is unusable: {self._broken}")
         first = self._next_seq
         body, count = frames.encode_batch(payload, first, self.max_frame_bytes)
         data = encode_object(self.epoch, body)
-        name = self._name(first)
         try:
-            while True:
-                try:
-                    self.storage.create(name, data)
-                    break
-                except ChunkExists:
-                    pass
-                read = self._read(first)
-                if read is None:
-                    continue
-                epoch, _ = read
-                if encode_object(*read) == data:
-                    break  # our own earlier attempt landed
-                if epoch < self.epoch:
-                    self.storage.delete(name)  # a ghost of a fenced writer: never acknowledged
-                    continue
-                self._fenced = f"container {self.container_id}: fenced by a writer of epoch {epoch}"
-                raise LogFenced(self._fenced)
+            self._create(first, data)
         except ChunkStorageError as exc:
-            raise OSError(errno.EIO, f"Tier 1 write of {name} failed: {exc}") from exc
+            try:
+                landed = self._read(first)
+            except (ChunkStorageError, DataCorrupted) as again:
+                self._broken = f"the outcome of writing {self._name(first)} is unknown: {again}"
+                raise OSError(errno.EIO, self._broken) from exc
+            if landed is None:
+                raise OSError(errno.EIO, f"Tier 1 write of {self._name(first)} failed: {exc}") from exc
+            if encode_object(*landed) != data:
+                self._broken = f"{self._name(first)} holds other bytes after a failed write"
+                raise OSError(errno.EIO, self._broken) from exc
         with self._lock:
             self._objects.append(first)
         self._next_seq = first + count
         return first, count
+
+    def _create(self, seq: int, data: bytes) -> None:
+        """Create the object of ``seq``, settling a taken name: own bytes, a ghost, or a newer owner."""
+        name = self._name(seq)
+        while True:
+            try:
+                self.storage.create(name, data)
+                return
+            except ChunkExists:
+                pass
+            read = self._read(seq)
+            if read is None:
+                continue
+            if encode_object(*read) == data:
+                return  # our own earlier attempt landed
+            epoch = read[0]
+            if epoch < self.epoch:
+                self.storage.delete(name)  # a ghost of a fenced writer: never acknowledged
+                continue
+            self._fenced = f"container {self.container_id}: fenced by a writer of epoch {epoch}"
+            raise LogFenced(self._fenced)
 
     def truncate(self, frame_seq: int) -> int:
         """Delete the objects holding only frames below ``frame_seq``; returns bytes freed."""
@@ -225,8 +247,9 @@ class ObjectDataLog:
                 seq = self._objects[0]
             name = self._name(seq)
             try:  # oldest first, stopping at a failure: the log never gets a hole
-                freed += self.storage.info(name).length
+                size = self.storage.info(name).length
                 self.storage.delete(name)
+                freed += size
             except ChunkNotFound:
                 pass
             except ChunkStorageError as exc:

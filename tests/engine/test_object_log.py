@@ -1,0 +1,204 @@
+"""ObjectDataLog: fencing by epoch, races, ghosts, late writes, corruption, unknown outcomes.
+
+Races run on the in-memory binding, whose create is an atomic compare-and-set
+(moto checks If-None-Match without a lock, so two racing creates can both
+succeed there); the sequential fence also runs on moto in test_tier1_contract
+and in the server tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from engine import DataCorrupted
+from engine.durable_log import frames
+from engine.durable_log.data_log import LogFenced
+from engine.durable_log.object_log import ObjectDataLog, encode_object
+from engine.naming import wal_object_name, wal_prefix
+from engine.tier2.chunk_storage import ChunkInfo
+from engine.tier2.faults import FaultyChunkStorage
+from engine.tier2.memory import MemoryChunkStorage
+
+C = 1
+
+
+def opened(storage: object) -> tuple[ObjectDataLog, list[bytes]]:
+    log = ObjectDataLog(storage, C, max_frame_bytes=4096)  # type: ignore[arg-type]
+    return log, [b.payload for b in log.recover() if b.payload]
+
+
+def wal(storage: MemoryChunkStorage) -> list[str]:
+    return sorted(storage.chunks)
+
+
+def test_a_new_owner_fences_the_old_one_which_never_writes_again() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"acknowledged")
+    new, payloads = opened(storage)
+    assert payloads == [b"acknowledged"]
+    assert new.epoch > old.epoch
+    with pytest.raises(LogFenced):
+        old.append(b"zombie")
+    with pytest.raises(LogFenced):  # and for good, without asking the store again
+        old.append(b"zombie again")
+    new.append(b"new")
+    assert opened(storage)[1] == [b"acknowledged", b"new"]
+
+
+def _recover_at_once(storage: MemoryChunkStorage, count: int) -> list[ObjectDataLog]:
+    """``count`` logs recovering at the same moment; those whose recovery was not fenced."""
+    logs: list[ObjectDataLog] = []
+    barrier = threading.Barrier(count)
+
+    def start() -> None:
+        log = ObjectDataLog(storage, C, max_frame_bytes=4096)
+        barrier.wait()
+        try:
+            list(log.recover())
+        except LogFenced:
+            return
+        logs.append(log)
+
+    threads = [threading.Thread(target=start) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return logs
+
+
+def test_racing_recoveries_leave_exactly_one_writer() -> None:
+    for _ in range(30):
+        storage = MemoryChunkStorage()
+        first, _ = opened(storage)
+        first.append(b"base")
+        writers = []
+        for log in _recover_at_once(storage, 3):
+            try:
+                log.append(b"mine")
+                writers.append(log)
+            except LogFenced:
+                pass
+        assert len(writers) == 1, len(writers)
+        assert opened(storage)[1] == [b"base", b"mine"]
+
+
+class StaleListing(MemoryChunkStorage):
+    """Lists as it was before the last ``hidden`` creates: a write landing after the listing."""
+
+    hidden: set[str] = set()
+
+    def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
+        return (info for info in super().list(prefix) if info.name not in self.hidden)
+
+
+def test_a_write_landing_after_the_listing_is_kept_and_fenced_after() -> None:
+    storage = StaleListing()
+    old, _ = opened(storage)
+    old.append(b"one")
+    address, _ = old.append(b"two, landed after the new owner listed")
+    storage.hidden = {wal_object_name(C, address)}
+    _, payloads = opened(storage)
+    assert payloads == [b"one", b"two, landed after the new owner listed"]
+    with pytest.raises(LogFenced):
+        old.append(b"three")
+
+
+def _ghost(storage: MemoryChunkStorage, epoch: int, seq: int, payload: bytes) -> None:
+    body, _ = frames.encode_batch(payload, seq, 4096)
+    storage.create(wal_object_name(C, seq), encode_object(epoch, body))
+
+
+def test_a_ghost_of_a_fenced_writer_is_replaced_by_the_owner() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"acknowledged")
+    new, _ = opened(storage)
+    _ghost(storage, old.epoch, new._next_seq, b"pipelined by the old writer, never acknowledged")
+    new.append(b"owner's")
+    assert opened(storage)[1] == [b"acknowledged", b"owner's"]
+
+
+def test_a_ghost_met_at_recovery_is_not_replayed() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"acknowledged")
+    new, _ = opened(storage)
+    _ghost(storage, old.epoch, new._next_seq, b"ghost")
+    third, payloads = opened(storage)
+    assert payloads == [b"acknowledged"]
+    third.append(b"third")
+    assert opened(storage)[1] == [b"acknowledged", b"third"]
+
+
+def test_a_missing_object_before_a_newer_writer_is_corruption() -> None:
+    storage = MemoryChunkStorage()
+    log, _ = opened(storage)
+    middle, _ = log.append(b"a")
+    log.append(b"b")
+    opened(storage)  # a newer writer's fence follows
+    storage.delete(wal_object_name(C, middle))
+    with pytest.raises(DataCorrupted, match="missing"):
+        opened(storage)
+
+
+def test_pipelined_writes_after_a_hole_of_the_last_writer_are_dropped() -> None:
+    """The last writer's write at seq s never landed but s+1 did: s+1 was never acknowledged."""
+    storage = MemoryChunkStorage()
+    log, _ = opened(storage)
+    log.append(b"acknowledged")
+    _ghost(storage, log.epoch, log._next_seq + 1, b"landed out of order, never acknowledged")
+    new, payloads = opened(storage)
+    assert payloads == [b"acknowledged"]
+    new.append(b"x")
+    new.append(b"y")
+    assert opened(storage)[1] == [b"acknowledged", b"x", b"y"]
+
+
+@pytest.mark.parametrize("where", [2, 20], ids=["header", "frames"])
+def test_a_corrupt_object_is_corruption(where: int) -> None:
+    storage = MemoryChunkStorage()
+    log, _ = opened(storage)
+    address, _ = log.append(b"payload bytes")
+    storage.chunks[wal_object_name(C, address)][where] ^= 0xFF
+    with pytest.raises(DataCorrupted):
+        opened(storage)
+
+
+def test_an_answer_lost_after_the_write_landed_is_a_success() -> None:
+    faulty = FaultyChunkStorage(MemoryChunkStorage())
+    log, _ = opened(faulty)
+    faulty.fail_after_landing("create")
+    log.append(b"landed")
+    log.append(b"next")
+    assert opened(faulty)[1] == [b"landed", b"next"]
+
+
+def test_an_unknown_outcome_breaks_the_log_until_a_restart() -> None:
+    inner = MemoryChunkStorage()
+    faulty = FaultyChunkStorage(inner)
+    log, _ = opened(faulty)
+    faulty.fail("create")
+    faulty.fail("open_read")
+    with pytest.raises(OSError):
+        log.append(b"unknown")
+    with pytest.raises(OSError, match="unusable"):
+        log.append(b"refused")
+    assert opened(inner)[1] == []
+
+
+def test_truncation_deletes_oldest_first_and_stops_at_a_failure() -> None:
+    inner = MemoryChunkStorage()
+    faulty = FaultyChunkStorage(inner)
+    log, _ = opened(faulty)
+    addresses = [log.append(bytes([i]) * 10)[0] for i in range(6)]
+    faulty.fail("delete")
+    assert log.truncate(addresses[4]) == 0
+    assert log.truncate(addresses[4]) > 0
+    names = [n for n in wal(inner) if n.startswith(wal_prefix(C))]
+    assert names[0] == wal_object_name(C, addresses[4])
+    assert opened(inner)[1] == [bytes([i]) * 10 for i in (4, 5)]

@@ -1,0 +1,122 @@
+"""One contract for every Tier 1 binding: local files, memory, and objects (memory and S3 on moto).
+
+A binding keeps whole writes in order across reopening, continues the frame
+sequence, truncates only whole writes below an address, and leaves the log
+as it was after a failed write. Object logs add an empty fence write at each
+recovery; the contract reads the payloads that hold operations.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.durable_log.data_log import DurableDataLog
+from engine.durable_log.file_log import FileDataLog
+from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.durable_log.object_log import ObjectDataLog
+from engine.tier2.faults import FaultyChunkStorage
+from engine.tier2.memory import MemoryChunkStorage
+
+FRAME = 4096
+Opener = Callable[[], DurableDataLog]
+
+
+@pytest.fixture(params=["file", "memory", "objects-memory", "objects-s3"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """A function that opens the same log again, as a restarted process would."""
+    kind = request.param
+    if kind == "file":
+        yield lambda: FileDataLog(tmp_path / "t1", file_bytes=3 * FRAME, max_frame_bytes=FRAME)
+    elif kind == "memory":
+        first = MemoryDataLog(max_frame_bytes=FRAME)
+        yield first.reopen
+    elif kind == "objects-memory":
+        storage = MemoryChunkStorage()
+        yield lambda: ObjectDataLog(storage, 3, max_frame_bytes=FRAME)
+    else:
+        from engine.tier2.s3 import S3ChunkStorage
+
+        endpoint = request.getfixturevalue("moto_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+        storage = S3ChunkStorage(bucket, f"t1-{uuid.uuid4().hex[:8]}/", endpoint_url=endpoint)
+        yield lambda: ObjectDataLog(storage, 3, max_frame_bytes=FRAME)
+
+
+def recovered(log: DurableDataLog) -> list[bytes]:
+    return [batch.payload for batch in log.recover() if batch.payload]
+
+
+def test_empty_log_recovers_empty(opener: Opener) -> None:
+    log = opener()
+    assert recovered(log) == []
+    first, count = log.append(b"first")
+    assert count == 1
+    log.close()
+    again = opener()
+    assert recovered(again) == [b"first"]
+    assert again.append(b"second")[0] > first
+
+
+def test_writes_come_back_in_order_across_reopens(opener: Opener) -> None:
+    log = opener()
+    recovered(log)
+    big = os.urandom(3 * FRAME)
+    addresses = [log.append(b"one"), log.append(big), log.append(b"three")]
+    assert addresses[1][1] == 4  # a payload of three frames' room takes four frames
+    assert [a[0] for a in addresses] == sorted({a[0] for a in addresses})
+    assert addresses[1][0] == addresses[0][0] + 1 and addresses[2][0] == addresses[1][0] + 4
+    log.close()
+    again = opener()
+    assert recovered(again) == [b"one", big, b"three"]
+    again.append(b"four")
+    again.close()
+    assert recovered(opener()) == [b"one", big, b"three", b"four"]
+
+
+def test_truncate_drops_whole_writes_below_the_address_only(opener: Opener) -> None:
+    log = opener()
+    recovered(log)
+    payloads = [bytes([i]) * 3000 for i in range(8)]
+    addresses = [log.append(p)[0] for p in payloads]
+    log.truncate(addresses[5])
+    log.close()
+    kept = recovered(opener())
+    assert kept == payloads[len(payloads) - len(kept) :]  # a suffix of the writes, oldest dropped first
+    assert payloads[5:] == kept[-3:] and len(kept) < len(payloads)
+
+
+def test_a_failed_write_leaves_the_log_as_it_was(opener: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = opener()
+    recovered(log)
+    log.append(b"kept")
+    _fail_next_write(log, monkeypatch)
+    with pytest.raises(OSError):
+        log.append(b"lost")
+    log.append(b"after")
+    log.close()
+    assert recovered(opener()) == [b"kept", b"after"]
+
+
+def _fail_next_write(log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    if isinstance(log, MemoryDataLog):
+        log.fail_writes = 1
+    elif isinstance(log, FileDataLog):
+        real = os.fdatasync
+        calls = iter([True])
+
+        def failing(fd: int) -> None:
+            if next(calls, False):
+                raise OSError(5, "injected fdatasync failure")
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", failing)
+    else:
+        faulty = FaultyChunkStorage(log.storage)
+        faulty.fail("create")
+        log.storage = faulty
