@@ -104,13 +104,27 @@ def wal_prefix(container_id: int) -> str:
     return f"c{container_id}/wal/"
 
 
-def wal_object_name(container_id: int, first_frame_seq: int) -> str:
-    return f"{wal_prefix(container_id)}{first_frame_seq:020d}"
+def wal_object_name(container_id: int, write_number: int) -> str:
+    return f"{wal_prefix(container_id)}{write_number:020d}"
 
 
 def parse_wal_object_name(container_id: int, name: str) -> int | None:
-    """The first frame sequence number of a Tier 1 object of the container, or None."""
+    """The write number of a Tier 1 object of the container, or None."""
     rest = name.removeprefix(wal_prefix(container_id))
+    return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
+
+
+def epoch_prefix(container_id: int) -> str:
+    """Where the writers of an object-store Tier 1 log claim their epochs (put-if-absent)."""
+    return f"c{container_id}/epochs/"
+
+
+def epoch_name(container_id: int, epoch: int) -> str:
+    return f"{epoch_prefix(container_id)}{epoch:020d}"
+
+
+def parse_epoch_name(container_id: int, name: str) -> int | None:
+    rest = name.removeprefix(epoch_prefix(container_id))
     return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
 
 

@@ -76,7 +76,7 @@ class ServerProcess:
             try:
                 if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening, or busy starting
                 pass
             time.sleep(0.05)
         self.kill()

@@ -224,7 +224,7 @@ def verify(url: str, ledger: Ledger) -> None:
                 )
 
 
-def _run_and_kill(server: ServerProcess, ledger: Ledger, delay_s: float) -> None:
+def run_and_kill(server: ServerProcess, ledger: Ledger, delay_s: float) -> None:
     threads = [
         threading.Thread(
             target=_write_until_killed,
@@ -285,7 +285,7 @@ def test_acknowledged_appends_survive_repeated_sigkill(tmp_path: Path) -> None:
                 verify(server.url, ledger)
             delay = random.uniform(*KILL_AFTER_S)
             print(f"cycle {cycle}: kill after {delay:.3f} s, {len(ledger.acked)} acked so far")
-            _run_and_kill(server, ledger, delay)
+            run_and_kill(server, ledger, delay)
         _observe(data_dir, seen)
 
     with _running(data_dir, SMALL_ENV) as server:

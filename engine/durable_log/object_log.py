@@ -5,25 +5,27 @@ semi-durable; this binding puts the write-ahead log in object storage, as
 object-store logs do (SlateDB, S2, WarpStream), through the ``ChunkStorage``
 seam (S3, memory, local folder, and the fault-injecting wrapper alike).
 
-Layout: a write is the object ``c{container}/wal/{first frame seq:020d}``
-(``engine.naming``), created put-if-absent (S3: ``If-None-Match: *``), and a
-write is durable (and answered) once the create returned. Its bytes are
+Layout: the n-th write of a container's log is the object
+``c{container}/wal/{n:020d}`` (``engine.naming``), created put-if-absent
+(S3: ``If-None-Match: *``); a write is durable, and answered, once the create
+returned. Write numbers are dense; frame sequence numbers (the log's
+addresses) run on inside the objects. An object's bytes are
 
-    magic "SGW1" | writer epoch u64 | CRC32C u32 of both | frames (``frames.py``)
+    magic "SGW1" | writer epoch u64 | CRC32C u32 of both | frames (``frames.py``, maybe none)
 
-Fencing (SlateDB's way): a log has one writer. ``recover`` reads every
-object, picks an epoch above every epoch it saw, and claims the next
-sequence number with a fence object (one empty frame). An older writer's
-next create then finds that name taken by a newer epoch: it raises
+Fencing: a log has one writer. ``recover`` picks an epoch above every epoch
+in the log and claims the write number *after* the next one with an empty
+object, then the next one (SlateDB claims the next manifest id; claiming one
+further wins against an old writer that is busy writing the next). An older
+writer's create then finds a name taken by a newer epoch: it raises
 ``LogFenced`` and never acknowledges again. Invariants:
 
-- the objects of the log, in sequence order, are contiguous and their epochs
-  never decrease; an object of an older epoch past a newer one is a *ghost*
-  (a pipelined or retried write of a fenced writer, never acknowledged, since
-  the slot before it belongs to the newer writer) and is deleted when met;
+- write numbers are dense and epochs never decrease along the log; an object
+  of an older epoch after a newer one is a *ghost* (a fenced writer's write
+  that was never acknowledged) and is deleted where it is met;
 - a name taken by our own bytes is our own earlier attempt: success;
 - a name taken by an epoch at or above ours: we are fenced (never retried);
-- a missing object followed by objects of a newer writer is corruption.
+- a missing object in the middle of the log is corruption, never skipped.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ import crc32c
 from engine.durable_log import frames
 from engine.durable_log.data_log import LogFenced
 from engine.errors import DataCorrupted
-from engine.naming import parse_wal_object_name, wal_object_name, wal_prefix
+from engine.naming import (
+    epoch_name,
+    epoch_prefix,
+    parse_epoch_name,
+    parse_wal_object_name,
+    wal_object_name,
+    wal_prefix,
+)
 from engine.tier2.chunk_storage import ChunkExists, ChunkNotFound, ChunkStorage, ChunkStorageError
 
 log = logging.getLogger(__name__)
@@ -63,11 +72,8 @@ def decode_object(name: str, data: bytes) -> tuple[int, bytes]:
     return epoch, data[_HEADER.size :]
 
 
-def fence_frame(seq: int) -> bytes:
-    """One empty frame with the LAST flag: a write that holds no operation."""
-    head = frames.HEADER.pack(0, 0, seq, frames.LAST)
-    crc = crc32c.crc32c(b"", crc32c.crc32c(head[8:]))
-    return frames.HEADER.pack(0, crc, seq, frames.LAST)
+# How often recovery looks at the log again when its old writer moved on meanwhile.
+_RECOVERY_ATTEMPTS = 50
 
 
 class ObjectDataLog:
@@ -78,17 +84,26 @@ class ObjectDataLog:
         self.container_id = container_id
         self.max_frame_bytes = max_frame_bytes
         self.epoch = 0
-        self._next_seq = 0
-        self._objects: list[int] = []  # first frame seq of every object of the log, oldest first
+        self._next_index = 0  # number of the next write
+        self._next_seq = 0  # first frame sequence number of the next write
+        self._objects: list[tuple[int, int]] = []  # (write number, first frame seq), oldest first
         self._lock = threading.Lock()
         self._fenced: str | None = None
         self._broken: str | None = None
 
-    def _name(self, seq: int) -> str:
-        return wal_object_name(self.container_id, seq)
+    def _name(self, index: int) -> str:
+        return wal_object_name(self.container_id, index)
 
-    def _read(self, seq: int) -> tuple[int, bytes] | None:
-        name = self._name(seq)
+    def _listed(self) -> list[int]:
+        return sorted(
+            index
+            for info in self.storage.list(wal_prefix(self.container_id))
+            if (index := parse_wal_object_name(self.container_id, info.name)) is not None
+        )
+
+    def _get(self, index: int) -> tuple[int, bytes] | None:
+        """(epoch, frames) of write ``index``; None if there is no such object."""
+        name = self._name(index)
         try:
             handle = self.storage.open_read(name)
             length = self.storage.info(name).length
@@ -96,91 +111,114 @@ class ObjectDataLog:
         except ChunkNotFound:
             return None
 
-    @staticmethod
-    def _batches(name: str, body: bytes, first_seq: int) -> list[frames.Batch]:
+    def _batches(self, index: int, body: bytes, first_seq: int | None) -> list[frames.Batch]:
         try:
-            batches = list(frames.iter_batches(body, first_seq))
+            return list(frames.iter_batches(body, first_seq))
         except frames.TornTail as torn:
-            raise DataCorrupted(f"Tier 1 object {name}: {torn}") from None
-        if not batches:
-            raise DataCorrupted(f"Tier 1 object {name} holds no write")
-        return batches
+            raise DataCorrupted(f"Tier 1 object {self._name(index)}: {torn}") from None
 
     # ----------------------------------------------------------------- recovery
     def recover(self) -> Iterator[frames.Batch]:
-        """Every write of the log in order, then fence older writers by claiming the next slot."""
-        listed = sorted(
-            seq
-            for info in self.storage.list(wal_prefix(self.container_id))
-            if (seq := parse_wal_object_name(self.container_id, info.name)) is not None
-        )
-        batches: list[frames.Batch] = []
-        objects: list[int] = []
-        expected: int | None = None
-        top_epoch = 0  # the newest epoch of the contiguous log
-        seen_epoch = 0
-        leftovers: dict[int, int] = {}
-        for seq in listed:
-            read = self._read(seq)
-            if read is None:
-                continue  # deleted by a truncation meanwhile
-            epoch, body = read
-            seen_epoch = max(seen_epoch, epoch)
-            if leftovers or (expected is not None and seq != expected) or epoch < top_epoch:
-                leftovers[seq] = epoch
-                continue
-            found = self._batches(self._name(seq), body, seq)
-            batches += found
-            objects.append(seq)
-            expected = found[-1].first_frame_seq + found[-1].frame_count
-            top_epoch = epoch
-        newer = {seq: epoch for seq, epoch in leftovers.items() if epoch > top_epoch}
-        if newer:
-            raise DataCorrupted(
-                f"container {self.container_id}: Tier 1 object {self._name(expected or 0)} is missing, "
-                f"and writes of a newer writer follow it (at {sorted(newer)[:3]})"
-            )
-        self.epoch = seen_epoch + 1
-        self._next_seq = expected if expected is not None else 0
-        batches += self._fence(objects, top_epoch)
-        with self._lock:
-            self._objects = objects
-        yield from batches
+        """Take a new epoch, fence every older writer, then give back every write of the log in order.
 
-    def _fence(self, objects: list[int], top_epoch: int) -> list[frames.Batch]:
-        """Claim the next slot with an empty write of our epoch; returns writes that landed meanwhile.
-
-        A write of the last writer (or a later one of an older epoch than ours)
-        may land after our listing: it may have been acknowledged, so it is
-        read and the fence moves past it. A ghost (older than the log's newest
-        epoch) is deleted. An epoch at or above ours means a newer owner.
+        The fence needs a listing and two creates, never a read of the log, so
+        it wins against an old writer that is still busy; reading follows,
+        once no older writer can add to the log.
         """
-        late: list[frames.Batch] = []
+        self.epoch = self._new_epoch()
+        cache: dict[int, tuple[int, bytes]] = {}  # objects never change: each is read once
+        for _ in range(_RECOVERY_ATTEMPTS):
+            listed = self._listed()
+            end = listed[-1] + 1 if listed else 0
+            if not self._claim(end + 1, cache):
+                continue  # the old writer is past our fence already: look again
+            made = [end + 1]
+            if self._claim(end, cache):
+                made.append(end)
+            if any(index > end + 1 for index in self._listed()):
+                for index in made:  # our fence fell into a hole the log had already moved past
+                    self.storage.delete(self._name(index))
+                continue
+            log.info("container %d: Tier 1 fenced at %d, epoch %d", self.container_id, end + 1, self.epoch)
+            yield from self._read_log(end + 1, cache)
+            return
+        raise DataCorrupted(
+            f"container {self.container_id}: could not fence the Tier 1 log in {_RECOVERY_ATTEMPTS} "
+            "attempts: another server keeps writing it"
+        )
+
+    def _new_epoch(self) -> int:
+        """An epoch above every earlier writer's, and ours alone: a put-if-absent claim of its name."""
+        prefix = epoch_prefix(self.container_id)
         while True:
-            seq = self._next_seq
+            taken = [
+                epoch
+                for info in self.storage.list(prefix)
+                if (epoch := parse_epoch_name(self.container_id, info.name)) is not None
+            ]
+            epoch = max(taken, default=0) + 1
             try:
-                self.storage.create(self._name(seq), encode_object(self.epoch, fence_frame(seq)))
-                objects.append(seq)
-                self._next_seq = seq + 1
-                log.info("container %d: Tier 1 fenced at %d, epoch %d", self.container_id, seq, self.epoch)
-                return late
+                self.storage.create(epoch_name(self.container_id, epoch), b"")
+            except ChunkExists:
+                continue
+            for old in taken:  # the newest claim is all a later writer needs
+                self.storage.delete(epoch_name(self.container_id, old))
+            return epoch
+
+    def _claim(self, index: int, cache: dict[int, tuple[int, bytes]]) -> bool:
+        """Take write ``index`` with an empty object of our epoch; False if a write of the log has it.
+
+        An epoch above ours there is a newer owner: LogFenced.
+        """
+        while True:
+            try:
+                self.storage.create(self._name(index), encode_object(self.epoch, b""))
+                return True
             except ChunkExists:
                 pass
-            read = self._read(seq)
-            if read is None:
+            got = self._get(index)
+            if got is None:
                 continue
-            epoch, body = read
-            if epoch >= self.epoch:
-                owner = f"a writer of epoch {epoch} owns the Tier 1 log"
+            if got[0] >= self.epoch:
+                owner = f"a writer of epoch {got[0]} owns the Tier 1 log"
                 raise LogFenced(f"container {self.container_id}: {owner}")
-            if epoch < top_epoch:
-                self.storage.delete(self._name(seq))
-                continue
-            found = self._batches(self._name(seq), body, seq)
-            late += found
-            objects.append(seq)
-            top_epoch = epoch
-            self._next_seq = found[-1].first_frame_seq + found[-1].frame_count
+            cache[index] = got
+            return False
+
+    def _read_log(self, fence: int, cache: dict[int, tuple[int, bytes]]) -> list[frames.Batch]:
+        """Every write up to our fence, in order; the objects' frame numbers for truncation."""
+        while True:
+            indexes = [i for i in self._listed() if i <= fence]
+            batches: list[frames.Batch] = []
+            objects: list[tuple[int, int | None]] = []
+            expected: int | None = None
+            top = 0
+            for position, index in enumerate(indexes):
+                got = cache.get(index) or self._get(index)
+                if got is None:
+                    break  # truncated since the listing: list again
+                if position and index != indexes[position - 1] + 1:
+                    raise DataCorrupted(
+                        f"container {self.container_id}: Tier 1 object {self._name(index - 1)} is missing"
+                    )
+                top = max(top, got[0])
+                # A write of an older epoch than one before it is a ghost: never acknowledged.
+                found = self._batches(index, got[1], expected) if got[0] == top else []
+                objects.append((index, found[0].first_frame_seq if found else None))
+                batches += found
+                if found:
+                    expected = found[-1].first_frame_seq + found[-1].frame_count
+            else:
+                self._next_seq = expected if expected is not None else 0
+                following = self._next_seq
+                filled: list[tuple[int, int]] = []
+                for index, first in reversed(objects):  # an empty write starts where the next one does
+                    following = first if first is not None else following
+                    filled.append((index, following))
+                with self._lock:
+                    self._objects = filled[::-1]
+                self._next_index = fence + 1
+                return batches
 
     # ------------------------------------------------------------------ writes
     def append(self, payload: bytes) -> tuple[int, int]:
@@ -195,42 +233,43 @@ class ObjectDataLog:
             raise LogFenced(self._fenced)
         if self._broken:
             raise OSError(errno.EIO, f"Tier 1 log is unusable: {self._broken}")
-        first = self._next_seq
+        first, index = self._next_seq, self._next_index
         body, count = frames.encode_batch(payload, first, self.max_frame_bytes)
         data = encode_object(self.epoch, body)
         try:
-            self._create(first, data)
+            self._create(index, data)
         except ChunkStorageError as exc:
             try:
-                landed = self._read(first)
+                landed = self._get(index)
             except (ChunkStorageError, DataCorrupted) as again:
-                self._broken = f"the outcome of writing {self._name(first)} is unknown: {again}"
+                self._broken = f"the outcome of writing {self._name(index)} is unknown: {again}"
                 raise OSError(errno.EIO, self._broken) from exc
             if landed is None:
-                raise OSError(errno.EIO, f"Tier 1 write of {self._name(first)} failed: {exc}") from exc
+                raise OSError(errno.EIO, f"Tier 1 write of {self._name(index)} failed: {exc}") from exc
             if encode_object(*landed) != data:
-                self._broken = f"{self._name(first)} holds other bytes after a failed write"
+                self._broken = f"{self._name(index)} holds other bytes after a failed write"
                 raise OSError(errno.EIO, self._broken) from exc
         with self._lock:
-            self._objects.append(first)
+            self._objects.append((index, first))
+        self._next_index = index + 1
         self._next_seq = first + count
         return first, count
 
-    def _create(self, seq: int, data: bytes) -> None:
-        """Create the object of ``seq``, settling a taken name: own bytes, a ghost, or a newer owner."""
-        name = self._name(seq)
+    def _create(self, index: int, data: bytes) -> None:
+        """Create write ``index``, settling a taken name: own bytes, a ghost, or a newer owner."""
+        name = self._name(index)
         while True:
             try:
                 self.storage.create(name, data)
                 return
             except ChunkExists:
                 pass
-            read = self._read(seq)
-            if read is None:
+            got = self._get(index)
+            if got is None:
                 continue
-            if encode_object(*read) == data:
+            if encode_object(*got) == data:
                 return  # our own earlier attempt landed
-            epoch = read[0]
+            epoch = got[0]
             if epoch < self.epoch:
                 self.storage.delete(name)  # a ghost of a fenced writer: never acknowledged
                 continue
@@ -242,10 +281,10 @@ class ObjectDataLog:
         freed = 0
         while True:
             with self._lock:
-                if len(self._objects) < 2 or self._objects[1] > frame_seq:
+                if len(self._objects) < 2 or self._objects[1][1] > frame_seq:
                     return freed
-                seq = self._objects[0]
-            name = self._name(seq)
+                index = self._objects[0][0]
+            name = self._name(index)
             try:  # oldest first, stopping at a failure: the log never gets a hole
                 size = self.storage.info(name).length
                 self.storage.delete(name)
@@ -256,7 +295,7 @@ class ObjectDataLog:
                 log.warning("container %d: Tier 1 object %s not deleted: %s", self.container_id, name, exc)
                 return freed
             with self._lock:
-                assert self._objects[0] == seq, (self._objects[:2], seq)
+                assert self._objects[0][0] == index, (self._objects[:2], index)
                 self._objects.pop(0)
 
     def close(self) -> None:

@@ -88,29 +88,36 @@ def test_racing_recoveries_leave_exactly_one_writer() -> None:
 
 
 class StaleListing(MemoryChunkStorage):
-    """Lists as it was before the last ``hidden`` creates: a write landing after the listing."""
+    """Its first listing misses the ``hidden`` names: writes that landed right after it."""
 
     hidden: set[str] = set()
+    vanish: set[str] = set()  # deleted right after the first listing names them
 
     def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
-        return (info for info in super().list(prefix) if info.name not in self.hidden)
+        hidden, self.hidden = self.hidden, set()
+        listed = [info for info in super().list(prefix) if info.name not in hidden]
+        for name in self.vanish:
+            self.delete(name)
+        self.vanish = set()
+        return iter(listed)
 
 
 def test_a_write_landing_after_the_listing_is_kept_and_fenced_after() -> None:
     storage = StaleListing()
     old, _ = opened(storage)
     old.append(b"one")
-    address, _ = old.append(b"two, landed after the new owner listed")
-    storage.hidden = {wal_object_name(C, address)}
+    old.append(b"two, landed after the new owner listed")
+    storage.hidden = {wal_object_name(C, old._next_index - 1)}
     _, payloads = opened(storage)
     assert payloads == [b"one", b"two, landed after the new owner listed"]
     with pytest.raises(LogFenced):
         old.append(b"three")
 
 
-def _ghost(storage: MemoryChunkStorage, epoch: int, seq: int, payload: bytes) -> None:
-    body, _ = frames.encode_batch(payload, seq, 4096)
-    storage.create(wal_object_name(C, seq), encode_object(epoch, body))
+def _ghost(storage: MemoryChunkStorage, epoch: int, log: ObjectDataLog, payload: bytes) -> None:
+    """A write of an older ``epoch`` where ``log`` writes next: one that lands after a fence."""
+    body, _ = frames.encode_batch(payload, log._next_seq, 4096)
+    storage.create(wal_object_name(C, log._next_index), encode_object(epoch, body))
 
 
 def test_a_ghost_of_a_fenced_writer_is_replaced_by_the_owner() -> None:
@@ -118,7 +125,7 @@ def test_a_ghost_of_a_fenced_writer_is_replaced_by_the_owner() -> None:
     old, _ = opened(storage)
     old.append(b"acknowledged")
     new, _ = opened(storage)
-    _ghost(storage, old.epoch, new._next_seq, b"pipelined by the old writer, never acknowledged")
+    _ghost(storage, old.epoch, new, b"pipelined by the old writer, never acknowledged")
     new.append(b"owner's")
     assert opened(storage)[1] == [b"acknowledged", b"owner's"]
 
@@ -128,7 +135,7 @@ def test_a_ghost_met_at_recovery_is_not_replayed() -> None:
     old, _ = opened(storage)
     old.append(b"acknowledged")
     new, _ = opened(storage)
-    _ghost(storage, old.epoch, new._next_seq, b"ghost")
+    _ghost(storage, old.epoch, new, b"ghost")
     third, payloads = opened(storage)
     assert payloads == [b"acknowledged"]
     third.append(b"third")
@@ -138,7 +145,8 @@ def test_a_ghost_met_at_recovery_is_not_replayed() -> None:
 def test_a_missing_object_before_a_newer_writer_is_corruption() -> None:
     storage = MemoryChunkStorage()
     log, _ = opened(storage)
-    middle, _ = log.append(b"a")
+    log.append(b"a")
+    middle = log._next_index - 1
     log.append(b"b")
     opened(storage)  # a newer writer's fence follows
     storage.delete(wal_object_name(C, middle))
@@ -146,25 +154,42 @@ def test_a_missing_object_before_a_newer_writer_is_corruption() -> None:
         opened(storage)
 
 
-def test_pipelined_writes_after_a_hole_of_the_last_writer_are_dropped() -> None:
-    """The last writer's write at seq s never landed but s+1 did: s+1 was never acknowledged."""
+def test_a_hole_at_the_tail_is_corruption_too() -> None:
+    """Writes are sequential: a write after a missing one means the missing one was lost."""
     storage = MemoryChunkStorage()
     log, _ = opened(storage)
     log.append(b"acknowledged")
-    _ghost(storage, log.epoch, log._next_seq + 1, b"landed out of order, never acknowledged")
-    new, payloads = opened(storage)
-    assert payloads == [b"acknowledged"]
-    new.append(b"x")
-    new.append(b"y")
-    assert opened(storage)[1] == [b"acknowledged", b"x", b"y"]
+    log.append(b"acknowledged too")
+    storage.delete(wal_object_name(C, log._next_index - 2))
+    with pytest.raises(DataCorrupted, match="missing"):
+        opened(storage)
+
+
+def test_a_fence_in_a_hole_the_log_moved_past_is_taken_back() -> None:
+    """The old writer wrote on and truncated while the new owner listed: its fence landed in a
+    name the log had left behind, which it must notice rather than take the log's end for there."""
+    storage = StaleListing()
+    old, _ = opened(storage)
+    for i in range(4):
+        old.append(bytes([i]))
+    stale_end = old._next_index
+    for i in range(4, 8):
+        old.append(bytes([i]))
+    storage.hidden = {wal_object_name(C, i) for i in range(stale_end, old._next_index)}
+    truncated = {wal_object_name(C, i) for i in range(stale_end + 2)}
+    storage.vanish = truncated  # listed, then gone before they are read
+    _, payloads = opened(storage)
+    assert payloads == [bytes([i]) for i in range(6, 8)]  # writes 4 and 5 went with the truncation
+    with pytest.raises(LogFenced):
+        old.append(b"late")
 
 
 @pytest.mark.parametrize("where", [2, 20], ids=["header", "frames"])
 def test_a_corrupt_object_is_corruption(where: int) -> None:
     storage = MemoryChunkStorage()
     log, _ = opened(storage)
-    address, _ = log.append(b"payload bytes")
-    storage.chunks[wal_object_name(C, address)][where] ^= 0xFF
+    log.append(b"payload bytes")
+    storage.chunks[wal_object_name(C, log._next_index - 1)][where] ^= 0xFF
     with pytest.raises(DataCorrupted):
         opened(storage)
 
@@ -196,9 +221,10 @@ def test_truncation_deletes_oldest_first_and_stops_at_a_failure() -> None:
     faulty = FaultyChunkStorage(inner)
     log, _ = opened(faulty)
     addresses = [log.append(bytes([i]) * 10)[0] for i in range(6)]
+    fifth = log._next_index - 2
     faulty.fail("delete")
     assert log.truncate(addresses[4]) == 0
     assert log.truncate(addresses[4]) > 0
     names = [n for n in wal(inner) if n.startswith(wal_prefix(C))]
-    assert names[0] == wal_object_name(C, addresses[4])
+    assert names[0] == wal_object_name(C, fifth)
     assert opened(inner)[1] == [bytes([i]) * 10 for i in (4, 5)]

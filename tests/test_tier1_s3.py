@@ -1,0 +1,130 @@
+"""Tier 1 on S3 (moto) with real servers: the loss of a node loses nothing, and a zombie is fenced.
+
+- Node loss: writers with writer ids append under load; the server is
+  SIGKILLed, its whole data folder deleted, and a new server starts on a new
+  folder and the same bucket. Every acknowledged append is there exactly once
+  at its offset, and retries of the appends in flight are duplicates exactly
+  when they were stored (``tests.test_crash.verify``).
+- Zombie: server A owns the bucket; server B starts on it with a folder of
+  its own. B's recovery fences A: A's later appends fail, and none is
+  acknowledged; B serves exactly what A acknowledged.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import FAKE_AWS_ENV
+from tests.serverproc import ServerProcess
+from tests.test_crash import SEGMENTS, TIMEOUT_S, Ledger, Writer, run_and_kill, verify
+
+pytestmark = pytest.mark.slow
+
+CYCLES = 4
+
+
+def s3_tiers_env(endpoint: str, bucket: str) -> dict[str, str]:
+    return {
+        **FAKE_AWS_ENV,
+        "SEGSTORE_LOG_LEVEL": "warning",
+        "SEGSTORE_TIER1": f"s3://{bucket}/tier1",
+        "SEGSTORE_TIER2": f"s3://{bucket}/tier2",
+        "SEGSTORE_S3_ENDPOINT": endpoint,
+        "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
+        "SEGSTORE_CHECKPOINT_EVERY_BYTES": "65536",
+    }
+
+
+def test_acknowledged_appends_survive_the_loss_of_the_node(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str, s3_client: Any
+) -> None:
+    env = s3_tiers_env(moto_endpoint, s3_bucket)
+    ledger = Ledger([Writer(i) for i in range(4)])
+    for cycle in range(CYCLES):
+        data_dir = tmp_path / f"node-{cycle}"  # a new machine each time: nothing local survives
+        server = ServerProcess(data_dir, env=env).start()
+        try:
+            if cycle == 0:
+                for name in SEGMENTS:
+                    response = requests.put(f"{server.url}/v1/segments/{name}", timeout=TIMEOUT_S)
+                    assert response.status_code == 201, response.text
+            else:
+                verify(server.url, ledger)
+            run_and_kill(server, ledger, random.uniform(1.0, 2.5))
+        finally:
+            server.kill()
+        shutil.rmtree(data_dir)
+    server = ServerProcess(tmp_path / "last", env=env).start()
+    try:
+        verify(server.url, ledger)
+        assert server.stop() == 0, server.log_tail()
+    finally:
+        server.kill()
+    assert len(ledger.acked) > CYCLES * 20, f"only {len(ledger.acked)} appends acknowledged"
+    wal = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="tier1/c0/wal/").get("KeyCount", 0)
+    assert wal > 0, "Tier 1 objects are in the bucket"
+
+
+def test_a_second_server_fences_the_first(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> None:
+    env = s3_tiers_env(moto_endpoint, s3_bucket)
+    first = ServerProcess(tmp_path / "a", env=env).start()
+    second: ServerProcess | None = None
+    acked: list[tuple[int, bytes]] = []
+    refused = 0
+    stop = threading.Event()
+    name = "zombie/0"
+    try:
+        assert requests.put(f"{first.url}/v1/segments/{name}", timeout=TIMEOUT_S).status_code == 201
+
+        def write() -> None:
+            nonlocal refused
+            with requests.Session() as http:
+                while not stop.is_set():
+                    data = uuid.uuid4().bytes * 4
+                    try:
+                        response = http.post(f"{first.url}/v1/segments/{name}", data=data, timeout=TIMEOUT_S)
+                    except requests.RequestException:
+                        continue
+                    if response.status_code == 200:
+                        acked.append((response.json()["offset"], data))
+                    else:
+                        assert response.status_code == 503, response.text
+                        refused += 1
+
+        writers = [threading.Thread(target=write) for _ in range(4)]
+        for t in writers:
+            t.start()
+        time.sleep(1.0)
+        second = ServerProcess(tmp_path / "b", env=env).start()
+        fenced_at = len(acked)
+        deadline = time.monotonic() + 30
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        stop.set()
+        for t in writers:
+            t.join(TIMEOUT_S + 5)
+        assert refused > 0, f"the first server kept acknowledging after the fence ({len(acked)} acked)"
+        assert len(acked) <= fenced_at + 4, "appends acknowledged after the fence"  # only those in flight
+        info = requests.get(f"{second.url}/v1/segments/{name}:info", timeout=TIMEOUT_S).json()
+        served = requests.get(f"{second.url}/v1/segments/{name}", params={"offset": 0}, timeout=TIMEOUT_S)
+        assert len(served.content) == info["length"] == 64 * len(acked)
+        for offset, data in acked:
+            assert served.content[offset : offset + 64] == data
+        late = requests.post(f"{first.url}/v1/segments/{name}", data=b"late", timeout=TIMEOUT_S)
+        assert late.status_code == 503, late.text
+        assert requests.get(f"{second.url}/v1/segments/{name}:info", timeout=TIMEOUT_S).json() == info
+    finally:
+        stop.set()
+        first.kill()
+        if second is not None:
+            second.kill()
