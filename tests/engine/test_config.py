@@ -131,3 +131,24 @@ def test_chunk_and_read_settings_come_from_toml(tmp_path: Path) -> None:
         100,
     )
     assert (settings.storage_read_block_bytes, settings.read_ahead_bytes) == (4096, 0)
+
+
+@pytest.mark.parametrize(
+    ("tier1", "tier2", "message"),
+    [
+        ("/var/lib/t1", "", "local files or s3://"),
+        ("s3://bucket/t1", "", "tier2 is a local folder"),
+        ("s3://bucket/same", "s3://bucket/same", "prefixes of their own"),
+        ("s3://bucket/t1", "s3://bucket", "prefixes of their own"),
+        ("s3://bucket/t", "s3://bucket/t/2", "prefixes of their own"),
+    ],
+)
+def test_tier1_on_s3_is_refused_where_a_node_loss_loses_data(tier1: str, tier2: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        Settings(tier1=tier1, tier2=tier2)
+
+
+def test_tier1_and_tier2_on_s3_under_prefixes_of_their_own() -> None:
+    settings = Settings(tier1="s3://bucket/tier1", tier2="s3://bucket/tier2")
+    assert settings.tier1_s3 == ("bucket", "tier1/")
+    assert Settings(tier1="s3://one", tier2="s3://two").tier1_s3 == ("one", "")
