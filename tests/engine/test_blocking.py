@@ -69,3 +69,30 @@ def test_runs_on_another_os_thread_under_gevent() -> None:
 def test_runs_in_place_unpatched() -> None:
     assert run_blocking(threading.get_native_id) == threading.get_native_id()
     assert run_blocking(lambda a, b=0: a + b, 1, b=2) == 3
+
+
+RAISES = textwrap.dedent(
+    """
+    from gevent import monkey
+
+    monkey.patch_all()
+
+    from engine.blocking import run_blocking
+
+    def failing():
+        raise FileExistsError(17, "taken")
+
+    try:
+        run_blocking(failing)
+    except FileExistsError as exc:
+        print("caught", exc.errno)
+    """
+)
+
+
+def test_an_exception_reaches_the_caller_and_is_not_printed_by_the_pool() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RAISES], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "caught 17"
+    assert "Traceback" not in done.stderr and "failed with" not in done.stderr, done.stderr
