@@ -44,28 +44,83 @@ def s3_tiers_env(endpoint: str, bucket: str) -> dict[str, str]:
     }
 
 
+class OffsetWriter:
+    """Plain appends with ``Expected-Offset`` to a segment of its own, until the server goes away."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.acked: dict[int, bytes] = {}
+        self.length = 0
+        self.in_flight: bytes | None = None
+        self.failure = ""
+
+    def run(self, url: str) -> None:
+        with requests.Session() as http:
+            while True:
+                data = self.in_flight or uuid.uuid4().bytes * 2
+                self.in_flight = data
+                try:
+                    response = http.post(
+                        f"{url}/v1/segments/{self.name}",
+                        data=data,
+                        headers={"Expected-Offset": str(self.length)},
+                        timeout=TIMEOUT_S,
+                    )
+                except requests.RequestException:
+                    return
+                if response.status_code == 503:
+                    time.sleep(0.05)
+                    continue
+                if response.status_code != 200 or response.json()["offset"] != self.length:
+                    self.failure = f"{response.status_code} {response.text}"
+                    return
+                self.acked[self.length] = data
+                self.length += len(data)
+                self.in_flight = None
+
+    def verify(self, url: str) -> None:
+        """Every acknowledged append at its offset, once; the one in flight there at most once."""
+        assert not self.failure, self.failure
+        answer = requests.get(f"{url}/v1/segments/{self.name}", params={"offset": 0}, timeout=TIMEOUT_S)
+        content = answer.content
+        for offset, data in self.acked.items():
+            assert content[offset : offset + len(data)] == data, f"{self.name}@{offset} lost"
+        if self.in_flight is not None and content[self.length :] == self.in_flight:
+            self.acked[self.length] = self.in_flight
+            self.length += len(self.in_flight)
+        self.in_flight = None
+        assert len(content) == self.length, (len(content), self.length)
+
+
 def test_acknowledged_appends_survive_the_loss_of_the_node(
     tmp_path: Path, moto_endpoint: str, s3_bucket: str, s3_client: Any
 ) -> None:
     env = s3_tiers_env(moto_endpoint, s3_bucket)
     ledger = Ledger([Writer(i) for i in range(4)])
+    plain = OffsetWriter("plain/0")
     for cycle in range(CYCLES):
         data_dir = tmp_path / f"node-{cycle}"  # a new machine each time: nothing local survives
         server = ServerProcess(data_dir, env=env).start()
         try:
             if cycle == 0:
-                for name in SEGMENTS:
+                for name in (*SEGMENTS, plain.name):
                     response = requests.put(f"{server.url}/v1/segments/{name}", timeout=TIMEOUT_S)
                     assert response.status_code == 201, response.text
             else:
                 verify(server.url, ledger)
+                plain.verify(server.url)
+            appender = threading.Thread(target=plain.run, args=(server.url,))
+            appender.start()
             run_and_kill(server, ledger, random.uniform(1.0, 2.5))
+            appender.join(TIMEOUT_S + 5)
         finally:
             server.kill()
         shutil.rmtree(data_dir)
     server = ServerProcess(tmp_path / "last", env=env).start()
     try:
         verify(server.url, ledger)
+        plain.verify(server.url)
+        assert len(plain.acked) > CYCLES * 5, f"only {len(plain.acked)} plain appends acknowledged"
         assert server.stop() == 0, server.log_tail()
     finally:
         server.kill()
