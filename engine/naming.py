@@ -110,7 +110,12 @@ def wal_object_name(container_id: int, write_number: int) -> str:
 
 def parse_wal_object_name(container_id: int, name: str) -> int | None:
     """The write number of a Tier 1 object of the container, or None."""
-    rest = name.removeprefix(wal_prefix(container_id))
+    return _numbered(wal_prefix(container_id), name)
+
+
+def _numbered(prefix: str, name: str) -> int | None:
+    """The 20-digit number after ``prefix`` that ``name`` is, or None."""
+    rest = name.removeprefix(prefix)
     return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
 
 
@@ -124,8 +129,7 @@ def epoch_name(container_id: int, epoch: int) -> str:
 
 
 def parse_epoch_name(container_id: int, name: str) -> int | None:
-    rest = name.removeprefix(epoch_prefix(container_id))
-    return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
+    return _numbered(epoch_prefix(container_id), name)
 
 
 def log_file_name(first_frame_seq: int) -> str:
