@@ -184,8 +184,10 @@ def render(doc: dict[str, Any]) -> str:
     for name in [f"small_{c}" for c in CONCURRENCY] + ["big"]:
         for kind in ("local", "s3"):
             row = doc[kind][name]
-            big = name == "big"
-            rate = show(row["mib_per_s"], "{:,.1f}") + " MiB/s" if big else show(row["appends_per_s"]) + " appends/s"
+            if name == "big":
+                rate = show(row["mib_per_s"], "{:,.1f}") + " MiB/s"
+            else:
+                rate = show(row["appends_per_s"]) + " appends/s"
             lines.append(
                 f"  {name:9} {kind:5}: {rate}, {show(row['ops_per_write'], '{:.1f}')} ops/write, "
                 f"{show(row['writes_per_s'])} writes/s, server CPU {show(row['server_cpu'], '{:.2f}')}"
