@@ -8,7 +8,7 @@ Nothing is built at import time.
 
 from __future__ import annotations
 
-from flask import Flask
+from flask import Flask, Response
 
 from app import auth, errors, ops, s3, segments, streams
 from engine import SegmentStore, Settings, load_settings
@@ -29,6 +29,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     app.register_blueprint(s3.bp)
+    app.after_request(_no_type_without_body)
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
     return app
+
+
+def _no_type_without_body(response: Response) -> Response:
+    """204 and 304 answers carry no body, so no Content-Type (Flask's default is text/html)."""
+    if response.status_code in (204, 304):
+        response.headers.pop("Content-Type", None)
+    return response

@@ -119,8 +119,6 @@ def streams() -> StreamStore:
 def _protocol_headers(response: Response) -> Response:
     for key, value in CORS_HEADERS.items():
         response.headers.setdefault(key, value)
-    if response.status_code in (204, 304):
-        response.headers.pop("Content-Type", None)
     return response
 
 

@@ -163,6 +163,7 @@ def test_delete_then_404(client: FlaskClient, segment: str) -> None:
     response = client.delete(segment)
     assert response.status_code == 204
     assert response.data == b""
+    assert "Content-Type" not in response.headers
     assert_problem(client.get(segment + ":info"), 404, "SegmentNotFound")
     assert_problem(client.get(segment), 404, "SegmentNotFound")
     assert_problem(client.delete(segment), 404, "SegmentNotFound")
@@ -244,3 +245,12 @@ def test_partitions_cover_the_segment_on_append_boundaries(client: FlaskClient, 
     assert whole == {"partitions": [{"start": 0, "end": 40 * 4096}]}
     assert_problem(client.get(f"{segment}:partitions?target_bytes=0"), 400, "InvalidArgument")
     assert_problem(client.get("/v1/segments/no/such:partitions"), 404, "SegmentNotFound")
+
+
+def test_answers_without_a_body_have_no_content_type(client: FlaskClient, segment: str) -> None:
+    tail = client.get(segment, query_string={"offset": 0, "wait": 0})
+    assert tail.status_code == 204 and "Content-Type" not in tail.headers
+    stream = client.put("/v1/stream/no-type/s", content_type="text/plain")
+    assert stream.status_code == 201
+    appended = client.post("/v1/stream/no-type/s", data=b"x", content_type="text/plain")
+    assert appended.status_code == 204 and "Content-Type" not in appended.headers
