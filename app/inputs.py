@@ -27,7 +27,7 @@ _READ_PIECE_BYTES = 64 * 1024
 _DIGITS = re.compile(r"[0-9]+")
 _SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_RANGE = re.compile(r"bytes=([0-9]+)-([0-9]*)", re.IGNORECASE)
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.IGNORECASE)
 
 
 def _strip_ows(value: str) -> str:
@@ -101,20 +101,24 @@ def append_conditions(request: Request) -> AppendConditions:
     )
 
 
-def byte_range(request: Request) -> tuple[int, int | None] | None:
-    """``Range: bytes=a-b`` or ``bytes=a-`` as (offset, length or None); None when absent.
+def byte_range(request: Request) -> tuple[int | None, int | None] | None:
+    """``Range`` as (offset, length or None), or (None, n) for the last n bytes; None when absent.
 
-    One range only: a multi-range or suffix (``bytes=-n``) request is a 400,
-    since a segment read returns one contiguous run of bytes.
+    ``bytes=a-b``, ``bytes=a-`` and the suffix ``bytes=-n`` (RFC 9110). A
+    Range of another unit is ignored (the whole answer), as RFC 9110 lets a
+    server do. Several ranges are a 400, since a segment read returns one
+    contiguous run of bytes.
     """
     raw = _header(request, "Range")
-    if raw is None:
+    if raw is None or raw.partition("=")[0].strip().lower() != "bytes":
         return None
     if "," in raw:
-        raise InvalidHeader(f"Range must name one range (bytes=a-b or bytes=a-), got {_show(raw)}")
+        raise InvalidHeader(f"Range must name one range (bytes=a-b, bytes=a- or bytes=-n), got {_show(raw)}")
     match = _RANGE.fullmatch(raw)
-    if not match:
-        raise InvalidHeader(f"Range must be bytes=a-b or bytes=a-, got {_show(raw)}")
+    if not match or not (match.group(1) or match.group(2)):
+        raise InvalidHeader(f"Range must be bytes=a-b, bytes=a- or bytes=-n, got {_show(raw)}")
+    if not match.group(1):
+        return None, _int_in_range(match.group(2), "Range suffix length", 1, InvalidHeader)
     first = _int_in_range(match.group(1), "Range first byte", 0, InvalidHeader)
     if not match.group(2):
         return first, None

@@ -166,6 +166,10 @@ def read(name: str) -> Response:
         return event_stream_response(store(), name, first, settings.sse_keepalive_s)
     if byte_range is not None:
         offset, length = byte_range
+        if offset is None:  # the last ``length`` bytes (of what is still readable)
+            now = store().info(name)
+            offset = max(now.start_offset, now.length - (length or 0))
+            length = (now.length - offset) or None
     result = store().read(name, offset, length, wait_s=wait_s or 0.0)
     headers = segment_headers(result.info)
     headers["Segment-Next-Offset"] = str(result.next_offset)

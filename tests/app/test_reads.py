@@ -86,10 +86,26 @@ def test_range_past_the_data_returns_what_there_is(client: FlaskClient, filled: 
 
 @pytest.mark.parametrize(
     "value",
-    ["bytes=0-1,4-5", "bytes=-3", "bytes=5-2", "items=0-1", "bytes=a-b", "bytes 0-1", "bytes=0-1x"],
+    ["bytes=0-1,4-5", "bytes=-0", "bytes=-", "bytes=5-2", "bytes=a-b", "bytes=0-1x"],
 )
 def test_bad_range_is_400(client: FlaskClient, filled: str, value: str) -> None:
     assert_problem(client.get(filled, headers={"Range": value}), 400, "InvalidHeader")
+
+
+def test_suffix_range_reads_the_last_bytes(client: FlaskClient, filled: str) -> None:
+    response = client.get(filled, headers={"Range": "bytes=-3"})
+    assert response.status_code == 206
+    assert response.data == b"789"
+    assert response.headers["Content-Range"] == "bytes 7-9/*"
+    whole = client.get(filled, headers={"Range": "bytes=-100"})
+    assert whole.status_code == 206 and whole.data == b"0123456789"
+
+
+@pytest.mark.parametrize("value", ["items=0-1", "lines=-3", "bytes 0-1"])
+def test_a_range_of_another_unit_is_ignored(client: FlaskClient, filled: str, value: str) -> None:
+    response = client.get(filled, headers={"Range": value})
+    assert response.status_code == 200
+    assert response.data == b"0123456789" and "Content-Range" not in response.headers
 
 
 def test_range_and_offset_together_are_400(client: FlaskClient, filled: str) -> None:
