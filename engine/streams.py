@@ -193,14 +193,16 @@ def json_payload(body: bytes, *, allow_empty: bool) -> bytes | None:
     """
     try:
         value = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            if allow_empty:
+                return None
+            raise InvalidArgument("Empty arrays are not allowed in an append")
+        return ",".join(json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values).encode()
     except (UnicodeDecodeError, ValueError):
         raise InvalidArgument("Invalid JSON: the body is not a JSON document") from None
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        if allow_empty:
-            return None
-        raise InvalidArgument("Empty arrays are not allowed in an append")
-    return ",".join(json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values).encode()
+    except RecursionError:
+        raise InvalidArgument("Invalid JSON: the body is nested too deeply") from None
 
 
 def json_values(payload: bytes) -> list[Any]:
