@@ -84,14 +84,12 @@ def test_json_mode_keeps_message_boundaries(client: FlaskClient, streams: Stream
     assert read.messages == (b'{"a":1},{"b":2}', b'"three"')
 
 
-@pytest.mark.parametrize("depth", [100_000, 5_000])
-def test_json_nested_too_deeply_is_400_and_stores_nothing(client: FlaskClient, depth: int) -> None:
+def test_json_nested_too_deeply_is_400_and_stores_nothing(client: FlaskClient) -> None:
     assert put(client, "deep", "[]", Content_Type="application/json").status_code == 201
-    deep = "[" * depth + "]" * depth
-    small = 20_000  # an initial body at create is at most 64 KiB
+    deep = "[" * 20_000 + "]" * 20_000  # far past Python's recursion limit, within the body limit
     for answer in (
         post(client, "deep", deep, Content_Type="application/json"),
-        put(client, "deep-create", "[" * small + "]" * small, Content_Type="application/json"),
+        put(client, "deep-create", deep, Content_Type="application/json"),
     ):
         assert answer.status_code == 400, answer.data
         assert answer.get_json()["code"] == "InvalidArgument"
