@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from engine import InvalidArgument, SegmentStore, Settings
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.file_log import FileDataLog
 from engine.durable_log.memory_data_log import MemoryDataLog
@@ -120,3 +121,22 @@ def _fail_next_write(log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         faulty = FaultyChunkStorage(log.storage)
         faulty.fail("create")
         log.storage = faulty
+
+
+def test_the_container_count_is_pinned_in_the_bucket(
+    moto_endpoint: str, s3_bucket: str, tmp_path: Path
+) -> None:
+
+    def settings(count: int, folder: str) -> Settings:
+        return Settings(
+            data_dir=str(tmp_path / folder),
+            tier1=f"s3://{s3_bucket}/t1",
+            tier2=f"s3://{s3_bucket}/t2",
+            s3_endpoint=moto_endpoint,
+            container_count=count,
+        )
+
+    SegmentStore(settings(4, "a"))._pin_container_count_in_tier1()
+    SegmentStore(settings(4, "b"))._pin_container_count_in_tier1()  # a new node, the same count
+    with pytest.raises(InvalidArgument, match="container_count=4"):
+        SegmentStore(settings(2, "c"))._pin_container_count_in_tier1()
