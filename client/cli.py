@@ -1,7 +1,9 @@
-"""The ``segstore`` command: ``ls``, ``info``, ``cat``, ``tail [-f]`` and ``put`` over HTTP.
+"""The ``segstore`` command over HTTP: ``ls``, ``info``, ``cat``, ``tail [-f]``, ``put``,
+``create``, ``seal``, ``truncate`` and ``rm``.
 
 The endpoint comes from ``--endpoint``, else ``SEGSTORE_ENDPOINT``, else
-http://127.0.0.1:8080. Errors print one line on stderr and exit with 1.
+http://127.0.0.1:8080. Errors, a server that cannot be reached included,
+print one line on stderr and exit with 1.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import os
 import sys
 from typing import BinaryIO
 
+import requests
 from tqdm import tqdm
 
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError
-from client.segment_client import SegmentClient
+from client.segment_client import SegmentClient, SegmentInfo
 
 MiB = 1024 * 1024
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
@@ -48,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     put = commands.add_parser("put", help="append stdin to a segment, creating it if missing")
     put.add_argument("name")
     put.add_argument("--piece-bytes", type=int, default=DEFAULT_PIECE_BYTES, help="bytes per append")
+    create = commands.add_parser("create", help="create an empty segment")
+    create.add_argument("name")
+    create.add_argument("--rollover-bytes", type=int, default=None, help="its Tier 2 chunk size")
+    commands.add_parser("seal", help="seal a segment: no more appends").add_argument("name")
+    truncate = commands.add_parser("truncate", help="drop a segment's bytes below OFFSET")
+    truncate.add_argument("name")
+    truncate.add_argument("offset", type=int)
+    commands.add_parser("rm", help="delete a segment").add_argument("name")
     return parser
 
 
@@ -102,6 +113,10 @@ def _put(client: SegmentClient, name: str, stdin: BinaryIO, piece_bytes: int) ->
             progress.update(len(piece))
 
 
+def _print_info(out: BinaryIO, info: SegmentInfo) -> None:
+    out.write((json.dumps(dataclasses.asdict(info), indent=2) + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -113,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     sealed = "sealed" if info.sealed else "open"
                     out.write(f"{info.name}\t{info.length}\t{sealed}\n".encode())
             elif args.command == "info":
-                info = dataclasses.asdict(client.info(args.name))
-                out.write((json.dumps(info, indent=2) + "\n").encode())
+                _print_info(out, client.info(args.name))
             elif args.command == "cat":
                 _copy(client, args.name, None, out, follow=False)
             elif args.command == "tail":
@@ -123,8 +137,19 @@ def main(argv: list[str] | None = None) -> int:
                 _copy(client, args.name, start, out, follow=args.follow)
             elif args.command == "put":
                 _put(client, args.name, sys.stdin.buffer, args.piece_bytes)
+            elif args.command == "create":
+                _print_info(out, client.create(args.name, rollover_bytes=args.rollover_bytes))
+            elif args.command == "seal":
+                _print_info(out, client.seal(args.name))
+            elif args.command == "truncate":
+                _print_info(out, client.truncate(args.name, args.offset))
+            elif args.command == "rm":
+                client.delete(args.name)
         except SegstoreClientError as err:
             print(f"segstore: {err}", file=sys.stderr)
+            return 1
+        except requests.RequestException as err:
+            print(f"segstore: cannot reach {args.endpoint}: {type(err).__name__}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             return 130

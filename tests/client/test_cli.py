@@ -98,3 +98,28 @@ def test_put_confirms_a_piece_whose_answer_was_lost(server: ServerProcess, name:
     with _LostAnswerClient(server.url) as lossy:
         _put(lossy, name, io.BytesIO(data), piece_bytes=30)
         assert lossy.read(name).data == data
+
+
+def test_create_seal_truncate_rm(
+    server: ServerProcess, client: SegmentClient, name: str, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    endpoint = ["--endpoint", server.url]
+    assert main([*endpoint, "create", name, "--rollover-bytes", "1048576"]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["length"] == 0
+    client.append(name, b"0123456789")
+    assert main([*endpoint, "truncate", name, "4"]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["start_offset"] == 4
+    assert main([*endpoint, "seal", name]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["sealed"] is True
+    assert client.info(name).sealed
+    assert main([*endpoint, "rm", name]) == 0
+    capsysbinary.readouterr()
+    assert main([*endpoint, "info", name]) == 1
+    assert capsysbinary.readouterr().err.decode().startswith("segstore: ")
+
+
+def test_an_unreachable_server_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--endpoint", "http://127.0.0.1:9", "ls"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach http://127.0.0.1:9" in err
+    assert "Traceback" not in err
