@@ -14,9 +14,10 @@ addresses) run on inside the objects. An object's bytes are
     magic "SGW1" | writer epoch u64 | CRC32C u32 of both | frames (``frames.py``, maybe none)
 
 Fencing: a log has one writer. ``recover`` picks an epoch above every epoch
-in the log and claims the write number *after* the next one with an empty
-object, then the next one (SlateDB claims the next manifest id; claiming one
-further wins against an old writer that is busy writing the next). An older
+in the log and claims a write number past the log's end with an empty
+object, then every number before it (SlateDB claims the next manifest id;
+claiming further ahead wins against an old writer that is busy writing, and
+the distance doubles each time the old writer gets there first). An older
 writer's create then finds a name taken by a newer epoch: it raises
 ``LogFenced`` and never acknowledges again. Invariants:
 
@@ -72,8 +73,10 @@ def decode_object(name: str, data: bytes) -> tuple[int, bytes]:
     return epoch, data[_HEADER.size :]
 
 
-# How often recovery looks at the log again when its old writer moved on meanwhile.
+# How often recovery looks at the log again when its old writer moved on meanwhile, and how far
+# past the log's end its fence may go (the distance doubles each time the old writer wins).
 _RECOVERY_ATTEMPTS = 50
+_FENCE_AHEAD_MAX = 1024
 
 
 class ObjectDataLog:
@@ -127,20 +130,22 @@ class ObjectDataLog:
         """
         self.epoch = self._new_epoch()
         cache: dict[int, tuple[int, bytes]] = {}  # objects never change: each is read once
+        ahead = 1
         for _ in range(_RECOVERY_ATTEMPTS):
             listed = self._listed()
             end = listed[-1] + 1 if listed else 0
-            if not self._claim(end + 1, cache):
-                continue  # the old writer is past our fence already: look again
-            made = [end + 1]
-            if self._claim(end, cache):
-                made.append(end)
-            if any(index > end + 1 for index in self._listed()):
+            fence = end + ahead
+            if not self._claim(fence, cache):
+                ahead = min(2 * ahead, _FENCE_AHEAD_MAX)  # the old writer got there first: aim further
+                continue
+            made = [fence]
+            made += [index for index in range(end, fence) if self._claim(index, cache)]
+            if any(index > fence for index in self._listed()):
                 for index in made:  # our fence fell into a hole the log had already moved past
                     self.storage.delete(self._name(index))
                 continue
-            log.info("container %d: Tier 1 fenced at %d, epoch %d", self.container_id, end + 1, self.epoch)
-            yield from self._read_log(end + 1, cache)
+            log.info("container %d: Tier 1 fenced at %d, epoch %d", self.container_id, fence, self.epoch)
+            yield from self._read_log(fence, cache)
             return
         raise DataCorrupted(
             f"container {self.container_id}: could not fence the Tier 1 log in {_RECOVERY_ATTEMPTS} "

@@ -228,3 +228,39 @@ def test_truncation_deletes_oldest_first_and_stops_at_a_failure() -> None:
     names = [n for n in wal(inner) if n.startswith(wal_prefix(C))]
     assert names[0] == wal_object_name(C, fifth)
     assert opened(inner)[1] == [bytes([i]) * 10 for i in (4, 5)]
+
+
+class BusyOldWriter(MemoryChunkStorage):
+    """After each of its first ``rounds`` listings, the old writer gets three more writes in."""
+
+    old: ObjectDataLog | None = None
+    rounds = 0
+    written: list[bytes] = []
+
+    def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
+        listed = list(super().list(prefix))
+        if self.old is not None and self.rounds and prefix == wal_prefix(C):
+            self.rounds -= 1
+            for _ in range(3):
+                payload = b"busy %d" % len(self.written)
+                try:
+                    self.old.append(payload)
+                except LogFenced:
+                    self.old = None
+                    break
+                self.written.append(payload)
+        return iter(listed)
+
+
+def test_a_busy_old_writer_is_fenced_by_aiming_further_ahead() -> None:
+    storage = BusyOldWriter()
+    old, _ = opened(storage)
+    old.append(b"before")
+    storage.old, storage.rounds, storage.written = old, 100, []  # busier than recovery is patient
+    new, payloads = opened(storage)
+    assert payloads == [b"before", *storage.written]  # every write the old writer got in is kept
+    assert storage.old is None  # it met the fence while recovery went on
+    with pytest.raises(LogFenced):
+        old.append(b"after the fence")
+    new.append(b"new")
+    assert opened(storage)[1] == [b"before", *storage.written, b"new"]
