@@ -20,12 +20,13 @@ from flask import Response, request
 
 from app.s3 import objects
 from app.s3.errors import S3Error
+from app.s3.subresources import OWNER_ID
 from app.s3.xml import Node, document, iso8601
 from engine import SegmentInfo, SegmentStore
 
 LIST_KEYS_MAX = 1000
 LIST_BUCKETS_MAX = 10000
-OWNER: Node = ("Owner", [("ID", "segstore"), ("DisplayName", "segstore")])
+OWNER: Node = ("Owner", [("ID", OWNER_ID), ("DisplayName", OWNER_ID)])
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _AFTER_ALL = "\U0010ffff"
 

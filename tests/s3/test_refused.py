@@ -34,6 +34,7 @@ INVENTORY = {
     "Destination": {"S3BucketDestination": {"Bucket": "arn:aws:s3:::x", "Format": "CSV"}},
 }  # fmt: skip
 PAB = {"BlockPublicAcls": True}
+JOURNAL = {"JournalTableConfiguration": {"RecordExpiration": {"Expiration": "DISABLED"}}}
 SSE_C = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32}
 
 # (boto3 operation, its arguments): every one must answer 501 and touch nothing.
@@ -50,6 +51,15 @@ OBJECT_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("get_object_attributes", {"ObjectAttributes": ["ETag", "ObjectSize"]}),
     ("restore_object", {"RestoreRequest": {"Days": 1}}),
     ("get_object_torrent", {}),
+    ("put_object_annotation", {"AnnotationName": "n", "AnnotationPayload": b"note"}),
+    ("get_object_annotation", {"AnnotationName": "n"}),
+    ("delete_object_annotation", {"AnnotationName": "n"}),
+    ("list_object_annotations", {}),
+    ("update_object_encryption", {"ObjectEncryption": {"SSEKMS": {"KMSKeyArn": "arn:aws:kms:us-east-1:111122223333:key/k"}}}),
+    ("rename_object", {"RenameSource": f"{B}/k"}),
+    ("select_object_content", {"Expression": "select * from s3object", "ExpressionType": "SQL",
+                               "InputSerialization": {"CSV": {}}, "OutputSerialization": {"CSV": {}}}),
+    ("upload_part_copy", {"UploadId": "u", "PartNumber": 1, "CopySource": f"{B}/k"}),
     ("put_object", {"Body": b"x", "Tagging": "a=b"}),
     ("put_object", {"Body": b"x", "ObjectLockMode": "GOVERNANCE", "ObjectLockRetainUntilDate": RETAIN}),
     ("put_object", {"Body": b"x", "ObjectLockLegalHoldStatus": "ON"}),
@@ -59,10 +69,15 @@ OBJECT_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("put_object", {"Body": b"x", "ACL": "public-read"}),
     ("put_object", {"Body": b"x", "GrantRead": "id=someone"}),
     ("put_object", {"Body": b"x", "WebsiteRedirectLocation": "/elsewhere"}),
+    ("put_object", {"Body": b"x", "ObjectLockEventHold": "ON"}),
+    ("delete_object", {"IfMatchSize": 3}),
+    ("delete_object", {"IfMatchLastModifiedTime": RETAIN}),
     ("get_object", SSE_C),
     ("copy_object", {"CopySource": f"{B}/k", "MetadataDirective": "REPLACE", "Tagging": "a=b",
                      "TaggingDirective": "REPLACE"}),
     ("create_multipart_upload", {"Tagging": "a=b"}),
+    ("create_multipart_upload", {"ServerSideEncryption": "AES256"}),
+    ("abort_multipart_upload", {"UploadId": "u", "IfMatchInitiatedTime": RETAIN}),
 ]  # fmt: skip
 
 BUCKET_CALLS: list[tuple[str, dict[str, Any]]] = [
@@ -123,6 +138,28 @@ BUCKET_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("get_bucket_metrics_configuration", {"Id": "m"}),
     ("delete_bucket_metrics_configuration", {"Id": "m"}),
     ("list_bucket_metrics_configurations", {}),
+    ("put_bucket_analytics_configuration",
+     {"Id": "a", "AnalyticsConfiguration": {"Id": "a", "StorageClassAnalysis": {}}}),
+    ("put_bucket_lifecycle", {"LifecycleConfiguration": {"Rules": [
+        {"Prefix": "", "Status": "Enabled", "Expiration": {"Days": 1}}]}}),
+    ("get_bucket_lifecycle", {}),
+    ("put_bucket_notification", {"NotificationConfiguration": {}}),
+    ("get_bucket_notification", {}),
+    ("put_bucket_abac", {"AbacStatus": {"Status": "Enabled"}}),
+    ("get_bucket_abac", {}),
+    ("create_bucket_metadata_configuration", {"MetadataConfiguration": JOURNAL}),
+    ("get_bucket_metadata_configuration", {}),
+    ("delete_bucket_metadata_configuration", {}),
+    ("create_bucket_metadata_table_configuration", {"MetadataTableConfiguration": {
+        "S3TablesDestination": {"TableBucketArn": "arn:aws:s3tables:x", "TableName": "t"}}}),
+    ("get_bucket_metadata_table_configuration", {}),
+    ("delete_bucket_metadata_table_configuration", {}),
+    ("update_bucket_metadata_inventory_table_configuration",
+     {"InventoryTableConfiguration": {"ConfigurationState": "ENABLED"}}),
+    ("update_bucket_metadata_journal_table_configuration", JOURNAL),
+    ("update_bucket_metadata_annotation_table_configuration",
+     {"AnnotationTableConfiguration": {"ConfigurationState": "ENABLED"}}),
+    ("create_session", {}),
     ("list_multipart_uploads", {}),
 ]  # fmt: skip
 
@@ -191,3 +228,61 @@ def test_harmless_header_values_are_served(s3: Any, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="j", Body=b"abc", ACL="bucket-owner-full-control")
     s3.copy_object(Bucket=bucket, Key="c", CopySource=f"{bucket}/k", TaggingDirective="COPY")
     assert s3.get_object(Bucket=bucket, Key="c")["Body"].read() == b"abc"
+
+
+def _with_query(s3: Any, event: str, query: str) -> Callable[..., None]:
+    """A botocore hook that adds ``query`` to the URL of ``event``'s requests before they are signed."""
+
+    def add(request: Any, **_: Any) -> None:
+        request.url += ("&" if "?" in request.url else "?") + query
+
+    s3.meta.events.register(f"before-sign.s3.{event}", add)
+    return add
+
+
+@pytest.mark.parametrize("query", ["annotationz", "futureFeature=", "acl&tagging"])
+def test_a_subresource_this_table_does_not_know_is_refused(s3: Any, bucket: str, query: str) -> None:
+    """A parameter S3 may define later, sent the way subresources are sent, is not run as DeleteObject."""
+    s3.put_object(Bucket=bucket, Key="k", Body=BODY)
+    before = _snapshot(s3, bucket)
+    hook = _with_query(s3, "DeleteObject", query)
+    try:
+        _assert_refused(s3.delete_object, Bucket=bucket, Key="k")
+    finally:
+        s3.meta.events.unregister("before-sign.s3.DeleteObject", hook)
+    assert _snapshot(s3, bucket) == before
+
+
+def test_parameters_with_a_value_that_s3_does_not_define_are_ignored(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=BODY)
+    hook = _with_query(s3, "GetObject", "cache-buster=12&prefix=")
+    try:
+        assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == BODY
+    finally:
+        s3.meta.events.unregister("before-sign.s3.GetObject", hook)
+
+
+def test_expected_bucket_owner_is_checked(s3: Any, bucket: str) -> None:
+    """Every bucket's owner is ``segstore`` (the Owner ID listings show); another expected owner is 403."""
+    s3.put_object(Bucket=bucket, Key="k", Body=BODY, ExpectedBucketOwner="segstore")
+    owner = s3.list_objects_v2(Bucket=bucket, FetchOwner=True)["Contents"][0]["Owner"]["ID"]
+    assert owner == "segstore"
+    before = _snapshot(s3, bucket)
+    for call, args in [
+        (s3.delete_object, {"Key": "k"}),
+        (s3.put_object, {"Key": "k", "Body": b"other"}),
+        (s3.delete_bucket, {}),
+        (s3.copy_object, {"Key": "c", "CopySource": f"{bucket}/k", "ExpectedSourceBucketOwner": "1"}),
+    ]:
+        expected = {} if "ExpectedSourceBucketOwner" in args else {"ExpectedBucketOwner": "111122223333"}
+        with pytest.raises(ClientError) as err:
+            call(Bucket=bucket, **args, **expected)
+        assert err.value.response["Error"]["Code"] == "AccessDenied"
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert _snapshot(s3, bucket) == before
+
+
+def test_request_payer_changes_nothing(s3: Any, bucket: str) -> None:
+    """No bucket is Requester Pays, so ``x-amz-request-payer`` is accepted as S3 accepts it there."""
+    s3.put_object(Bucket=bucket, Key="k", Body=BODY, RequestPayer="requester")
+    assert s3.get_object(Bucket=bucket, Key="k", RequestPayer="requester")["Body"].read() == BODY
