@@ -34,6 +34,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "BadDigest": 400,
     "EntityTooLarge": 400,
     "EntityTooSmall": 400,
+    "IllegalLocationConstraintException": 400,
     "IncompleteBody": 400,
     "InvalidArgument": 400,
     "InvalidBucketName": 400,

@@ -1,4 +1,4 @@
-"""S3 listings: ListBuckets, ListObjects (v1 and v2) and ListObjectVersions over segment names.
+"""S3 listings: ListBuckets, ListObjects (v1 and v2), ListObjectVersions and ListParts.
 
 Keys are listed in segment name order (UTF-8 code point order, as S3's
 binary order of UTF-8 bytes). With a delimiter, the keys that share a prefix
@@ -18,7 +18,7 @@ from urllib.parse import quote_plus
 
 from flask import Response, request
 
-from app.s3 import objects
+from app.s3 import multipart, objects
 from app.s3.errors import S3Error
 from app.s3.subresources import OWNER_ID
 from app.s3.xml import Node, document, iso8601
@@ -204,8 +204,12 @@ def list_object_versions(store: SegmentStore, bucket: str) -> Response:
 
 
 def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Response:
-    """ListBuckets: the buckets ``visible`` admits, with ``prefix``, ``max-buckets`` and paging."""
+    """ListBuckets: the buckets ``visible`` admits, with ``prefix``, ``max-buckets`` and paging.
+
+    Every bucket is in ``objects.REGION``: a ``bucket-region`` naming another lists none.
+    """
     args = request.args
+    region = args.get("bucket-region", objects.REGION) or objects.REGION
     prefix = args.get("prefix", "")
     max_buckets = int_arg("max-buckets", LIST_BUCKETS_MAX, LIST_BUCKETS_MAX)
     if "max-buckets" in args and max_buckets < 1:
@@ -216,7 +220,8 @@ def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Respons
     buckets: list[Node] = []
     names: list[str] = []
     next_token = None
-    for info in objects.list_all(store, marker_base + prefix, after):
+    found = objects.list_all(store, marker_base + prefix, after) if region == objects.REGION else iter(())
+    for info in found:
         name = info.name[len(marker_base) :]
         if not visible(name):
             continue
@@ -224,7 +229,8 @@ def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Respons
             next_token = token(names[-1])
             break
         names.append(name)
-        buckets.append(("Bucket", [("Name", name), ("CreationDate", iso8601(info.created))]))
+        created = iso8601(info.created)
+        buckets.append(("Bucket", [("Name", name), ("CreationDate", created), ("BucketRegion", region)]))
     return document(
         "ListAllMyBucketsResult",
         [
@@ -232,5 +238,40 @@ def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Respons
             ("Buckets", buckets),
             ("ContinuationToken", next_token),
             ("Prefix", prefix if "prefix" in args else None),
+        ],
+    )
+
+
+def list_parts(store: SegmentStore, bucket: str, key: str) -> Response:
+    """ListParts: the parts of an upload in part number order, ``part-number-marker`` paging."""
+    upload_id = request.args["uploadId"]
+    marker = int_arg("part-number-marker", 0, multipart.PART_NUMBER_MAX)
+    max_parts = int_arg("max-parts", 1000, 1000)
+    found = sorted(multipart.parts(store, upload_id, bucket, key).values(), key=lambda p: p.number)
+    after = [p for p in found if p.number > marker]
+    page = after[:max_parts]
+    truncated = len(after) > len(page)
+    return document(
+        "ListPartsResult",
+        [
+            ("Bucket", bucket),
+            ("Key", key),
+            ("UploadId", upload_id),
+            ("PartNumberMarker", marker),
+            ("NextPartNumberMarker", page[-1].number if page else marker),
+            ("MaxParts", max_parts),
+            ("IsTruncated", truncated),
+            *(
+                (
+                    "Part",
+                    [
+                        ("PartNumber", p.number),
+                        ("LastModified", iso8601(p.time)),
+                        ("ETag", f'"{p.etag}"'),
+                        ("Size", p.size),
+                    ],
+                )
+                for p in page
+            ),
         ],
     )

@@ -17,13 +17,23 @@ from werkzeug.http import parse_date
 from werkzeug.routing import BaseConverter
 
 from app import auth, ops
-from app.s3 import checksums, errors, listing, metadata, multipart, objects, reading, sigv4, subresources
+from app.s3 import (
+    buckets,
+    checksums,
+    errors,
+    listing,
+    metadata,
+    multipart,
+    objects,
+    reading,
+    sigv4,
+    subresources,
+)
 from app.s3.chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
 from engine import (
     ConditionalCheckFailed,
-    SegmentExists,
     SegmentInfo,
     SegmentNotFound,
     SegmentSealed,
@@ -102,10 +112,10 @@ def bucket_view(bucket: str) -> Response:
     store = _store()
     if op == "CreateBucket":
         _require(verdict, auth.Access.ADMIN, bucket + "/")
-        return _create_bucket(store, bucket)
+        return buckets.create_bucket(store, bucket, _xml_body(verdict))
     if op == "DeleteBucket":
         _require(verdict, auth.Access.ADMIN, bucket + "/")
-        return _delete_bucket(store, bucket)
+        return buckets.delete_bucket(store, bucket)
     if not verdict.principal.touches(bucket + "/"):
         raise S3Error("AccessDenied", "Access Denied")
     objects.require_bucket(store, bucket)
@@ -116,60 +126,15 @@ def bucket_view(bucket: str) -> Response:
     if op == "GetBucketVersioning":
         return document("VersioningConfiguration", [])
     if op == "DeleteObjects":
-        return _delete_objects(store, verdict, bucket)
+        body = _xml_body(verdict)
+        return buckets.delete_objects(
+            store, bucket, body, lambda name: _require(verdict, auth.Access.WRITE, name)
+        )
     _require(verdict, auth.Access.READ, f"{bucket}/{request.args.get('prefix', '')}")
     if op == "ListObjectVersions":
         return listing.list_object_versions(store, bucket)
     assert op == "ListObjects", op
     return listing.list_objects(store, bucket)
-
-
-def _create_bucket(store: SegmentStore, bucket: str) -> Response:
-    objects.check_bucket_name(bucket)
-    marker = objects.bucket_marker(bucket)
-    try:
-        store.create(marker)
-    except SegmentExists:
-        raise S3Error(
-            "BucketAlreadyOwnedByYou",
-            "Your previous request to create the named bucket succeeded and you already own it.",
-        ) from None
-    store.seal(marker)
-    return Response(status=200, headers={"Location": f"/{bucket}"})
-
-
-def _delete_bucket(store: SegmentStore, bucket: str) -> Response:
-    objects.require_bucket(store, bucket)
-    page, _ = store.list(bucket + "/", limit=1)
-    if page:
-        raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty")
-    try:
-        store.delete(objects.bucket_marker(bucket))
-    except SegmentNotFound:
-        raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
-    return Response(status=204)
-
-
-def _delete_objects(store: SegmentStore, verdict: sigv4.Verdict, bucket: str) -> Response:
-    root = parse(_xml_body(verdict))
-    quiet = (root.findtext("Quiet") or "").strip().lower() == "true"
-    keys = [obj.findtext("Key") or "" for obj in root.findall("Object")]
-    if len(keys) > 1000:
-        raise S3Error("MalformedXML", "a DeleteObjects request names at most 1000 keys")
-    results = []
-    for key in keys:
-        try:
-            name = objects.object_name(bucket, key)
-            _require(verdict, auth.Access.WRITE, name)
-            objects.delete_object(store, name)
-            if not quiet:
-                results.append(("Deleted", [("Key", key)]))
-        except S3Error as err:
-            results.append(("Error", [("Key", key), ("Code", err.code), ("Message", err.message)]))
-        except SegstoreError as err:
-            s3err = errors.from_engine(err)
-            results.append(("Error", [("Key", key), ("Code", s3err.code), ("Message", s3err.message)]))
-    return document("DeleteResult", results)
 
 
 # ------------------------------------------------------------------- object
@@ -186,7 +151,7 @@ def object_view(bucket: str, key: str) -> Response:
     if op in ("GetObject", "HeadObject", "ListParts"):
         _require(verdict, auth.Access.READ, name)
         if op == "ListParts":
-            return _list_parts(store, bucket, key)
+            return listing.list_parts(store, bucket, key)
         return reading.get_object(store, name, head=op == "HeadObject")
     _require(verdict, auth.Access.WRITE, name)
     if "X-Amz-Copy-Source" in request.headers:
@@ -464,37 +429,3 @@ def _checksum_field(header: str) -> str:
     """The XML element of a checksum header: ``x-amz-checksum-crc32`` is ``ChecksumCRC32``."""
     name = header.removeprefix(checksums.HEADER_PREFIX)
     return "ChecksumType" if name == "type" else "Checksum" + name.upper()
-
-
-def _list_parts(store: SegmentStore, bucket: str, key: str) -> Response:
-    upload_id = request.args["uploadId"]
-    marker = listing.int_arg("part-number-marker", 0, multipart.PART_NUMBER_MAX)
-    max_parts = listing.int_arg("max-parts", 1000, 1000)
-    found = sorted(multipart.parts(store, upload_id, bucket, key).values(), key=lambda p: p.number)
-    after = [p for p in found if p.number > marker]
-    page = after[:max_parts]
-    truncated = len(after) > len(page)
-    return document(
-        "ListPartsResult",
-        [
-            ("Bucket", bucket),
-            ("Key", key),
-            ("UploadId", upload_id),
-            ("PartNumberMarker", marker),
-            ("NextPartNumberMarker", page[-1].number if page else marker),
-            ("MaxParts", max_parts),
-            ("IsTruncated", truncated),
-            *(
-                (
-                    "Part",
-                    [
-                        ("PartNumber", p.number),
-                        ("LastModified", iso8601(p.time)),
-                        ("ETag", f'"{p.etag}"'),
-                        ("Size", p.size),
-                    ],
-                )
-                for p in page
-            ),
-        ],
-    )

@@ -34,6 +34,7 @@ INVENTORY = {
     "Destination": {"S3BucketDestination": {"Bucket": "arn:aws:s3:::x", "Format": "CSV"}},
 }  # fmt: skip
 PAB = {"BlockPublicAcls": True}
+KMS_KEY = "arn:aws:kms:us-east-1:111122223333:key/k"
 JOURNAL = {"JournalTableConfiguration": {"RecordExpiration": {"Expiration": "DISABLED"}}}
 SSE_C = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32}
 
@@ -55,7 +56,7 @@ OBJECT_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("get_object_annotation", {"AnnotationName": "n"}),
     ("delete_object_annotation", {"AnnotationName": "n"}),
     ("list_object_annotations", {}),
-    ("update_object_encryption", {"ObjectEncryption": {"SSEKMS": {"KMSKeyArn": "arn:aws:kms:us-east-1:111122223333:key/k"}}}),
+    ("update_object_encryption", {"ObjectEncryption": {"SSEKMS": {"KMSKeyArn": KMS_KEY}}}),
     ("rename_object", {"RenameSource": f"{B}/k"}),
     ("select_object_content", {"Expression": "select * from s3object", "ExpressionType": "SQL",
                                "InputSerialization": {"CSV": {}}, "OutputSerialization": {"CSV": {}}}),
