@@ -132,10 +132,18 @@ def colocated(store: SegmentStore, kind: str, target: str) -> str:
 
 
 def require_bucket(store: SegmentStore, bucket: str) -> SegmentInfo:
+    """The marker of an existing bucket; 404 NoSuchBucket for any other name.
+
+    Only CreateBucket applies every rule of ``check_bucket_name``. Here a name
+    is looked up if it has the shape buckets always had (``_BUCKET``, no
+    ``..``), so a bucket made before the other rules (``a.-b``,
+    ``192.168.5.4``) can still be listed, emptied and deleted.
+    """
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise S3Error("NoSuchBucket", "The specified bucket does not exist")
     try:
-        check_bucket_name(bucket)
         return store.info(bucket_marker(bucket))
-    except (SegmentNotFound, S3Error):
+    except SegmentNotFound:
         raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
 
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+
+from app.s3 import objects
+from engine import SegmentStore, Settings
+from tests.s3.conftest import ACCESS_KEY, SECRET_KEY, make_client
+from tests.serverproc import ServerProcess
 
 
 def _error(err: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
@@ -91,3 +97,28 @@ def test_other_operations_on_a_name_no_bucket_can_have_answer_no_such_bucket(s3:
             call(Bucket=name, **args)
         assert _error(err)[1] == 404
     assert _absent(s3, name)
+
+
+def test_a_bucket_named_before_the_rules_stays_reachable(tmp_path: Path) -> None:
+    """A data folder holding ``192.168.5.4`` and ``a.-b`` (creatable before S3's full rules)."""
+    data = tmp_path / "data"
+    store = SegmentStore(Settings(data_dir=str(data)))
+    store.start(wait=True)
+    for bucket in ("192.168.5.4", "a.-b"):
+        store.create(objects.bucket_marker(bucket))
+        store.seal(objects.bucket_marker(bucket))
+        store.create(f"{bucket}/k")
+        store.append(f"{bucket}/k", b"old bytes")
+    store.close()
+    env = {"SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}"}
+    with ServerProcess(data, env=env) as server:
+        s3 = make_client(server.url)
+        for bucket in ("192.168.5.4", "a.-b"):
+            assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"old bytes"
+            assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+            s3.delete_object(Bucket=bucket, Key="k")
+            s3.delete_bucket(Bucket=bucket)
+            with pytest.raises(ClientError) as err:
+                s3.create_bucket(Bucket=bucket)
+            assert _error(err) == ("InvalidBucketName", 400)
+        assert not s3.list_buckets()["Buckets"]
