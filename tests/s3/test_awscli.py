@@ -115,3 +115,30 @@ def test_cp_keeps_content_type_and_metadata(
                  "--tagging", "TagSet=[{Key=a,Value=b}]")  # fmt: skip
     assert result.returncode != 0 and "NotImplemented" in result.stderr
     assert s3.get_object(Bucket=bucket, Key="small.csv")["Body"].read() == b"a,b\n"
+
+
+def test_mb_rm_sync_delete_and_rb(s3: Any, s3_server: ServerProcess, tmp_path: Path) -> None:
+    """The bucket commands: mb (and its refusal of a name S3 refuses), rm, sync --delete, rb --force."""
+    name = f"cli-{os.urandom(6).hex()}"
+    made = aws(s3_server, "s3", "mb", f"s3://{name}")
+    assert made.returncode == 0, made.stderr
+    assert name in aws(s3_server, "s3", "ls").stdout
+    bad = aws(s3_server, "s3", "mb", "s3://cli.-bad")
+    assert bad.returncode != 0 and "InvalidBucketName" in bad.stderr
+    local = tmp_path / "tree"
+    (local / "d").mkdir(parents=True)
+    for rel in ("a.txt", "b.txt", "d/c.txt"):
+        (local / rel).write_text(rel)
+    assert aws(s3_server, "s3", "sync", str(local), f"s3://{name}/t").returncode == 0
+    (local / "b.txt").unlink()
+    synced = aws(s3_server, "s3", "sync", "--delete", str(local), f"s3://{name}/t")
+    assert synced.returncode == 0, synced.stderr
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=name)["Contents"]] == ["t/a.txt", "t/d/c.txt"]
+    removed = aws(s3_server, "s3", "rm", "--recursive", f"s3://{name}/t/d")
+    assert removed.returncode == 0, removed.stderr
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=name)["Contents"]] == ["t/a.txt"]
+    refused = aws(s3_server, "s3", "rb", f"s3://{name}")
+    assert refused.returncode != 0 and "BucketNotEmpty" in refused.stderr
+    gone = aws(s3_server, "s3", "rb", "--force", f"s3://{name}")
+    assert gone.returncode == 0, gone.stderr
+    assert name not in aws(s3_server, "s3", "ls").stdout
