@@ -93,13 +93,18 @@ def _byte_range(length: int) -> tuple[int, int] | None:
 
 
 def _part_range(stored: metadata.Stored, length: int, number: int) -> tuple[int, int] | None:
-    """The inclusive range of part ``number``; None for part 1 of an object that is not multipart."""
+    """The inclusive range of part ``number``.
+
+    An object that is not multipart is one part: part 1 is all of it (a 206
+    naming the whole range, as S3 answers), except an empty object, whose
+    range cannot be named (None: a plain 200).
+    """
     if "Range" in request.headers:
         raise S3Error("InvalidRequest", "Cannot specify both Range header and partNumber query parameter")
     if not stored.parts:
         if number != 1:
             raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable")
-        return None
+        return (0, length - 1) if length else None
     if number > len(stored.parts):
         raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable")
     start = sum(stored.parts[: number - 1])

@@ -219,6 +219,13 @@ def test_part_number_reads_one_part(s3: Any, bucket: str, s3_server: ServerProce
     s3.put_object(Bucket=bucket, Key="single", Body=b"whole")
     single = s3.get_object(Bucket=bucket, Key="single", PartNumber=1)
     assert single["Body"].read() == b"whole" and "PartsCount" not in single
+    # As on S3: the one part of a single-part object is a range naming all of it.
+    assert single["ResponseMetadata"]["HTTPStatusCode"] == 206 and single["ContentRange"] == "bytes 0-4/5"
+    head = s3.head_object(Bucket=bucket, Key="single", PartNumber=1)
+    assert head["ResponseMetadata"]["HTTPStatusCode"] == 206 and head["ContentLength"] == 5
+    s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    empty = s3.get_object(Bucket=bucket, Key="empty", PartNumber=1)
+    assert empty["ResponseMetadata"]["HTTPStatusCode"] == 200 and empty["Body"].read() == b""
     with pytest.raises(ClientError) as err:
         s3.get_object(Bucket=bucket, Key="single", PartNumber=2)
     assert _code(err) == ("InvalidPartNumber", 416)
