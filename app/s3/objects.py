@@ -18,11 +18,13 @@ Layout, all in ordinary segment names so nothing here needs engine support:
   picked in the target's container, so publishing them is a metadata-only
   merge, whatever the object's size.
 
-Publishing (``publish``) under a per-key lock: [delete the old object],
-create it empty, write its record, merge the sealed staging segment into
-it, seal it. A reader in between sees NoSuchKey or an empty object for
-the few milliseconds of three log operations; it never sees a mix of old and
-new bytes, nor a half-written upload.
+Publishing (``publish``) under a per-key lock: judge the write's
+conditions, [delete the old object], create it empty, write its record,
+merge the sealed staging segment into it, seal it. A reader in between sees
+NoSuchKey or an empty object for the few milliseconds of three log
+operations; it never sees a mix of old and new bytes, nor a half-written
+upload, nor bytes with another object's record (``replace`` says what holds
+at each step, a crash included).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
 from engine import (
+    AppendResult,
     InvalidName,
     SegmentExists,
     SegmentInfo,
@@ -161,20 +164,38 @@ def derived_etag(info: SegmentInfo) -> str:
     return hashlib.md5(f"{info.segment_id}:{info.length}".encode()).hexdigest() + "-1"
 
 
+def _record(store: SegmentStore, info: SegmentInfo) -> dict | None:
+    """The last line of the record of object segment ``info`` if it names that segment id."""
+    name = record_name(info.name)
+    if name is not None:
+        with contextlib.suppress(SegstoreError, ValueError, KeyError, TypeError):
+            data = store.read(name).data
+            record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+            if record["id"] == info.segment_id:
+                return record
+    return None
+
+
 def stored_of(store: SegmentStore, info: SegmentInfo) -> Stored:
     """What the object keeps besides its bytes, if its record is about these bytes.
 
     Otherwise (written through the native API, or the record was not written)
     a derived ETag and no metadata.
     """
-    name = record_name(info.name)
-    if name is not None:
-        with contextlib.suppress(SegstoreError, ValueError, KeyError, TypeError):
-            data = store.read(name).data
-            record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
-            if record["id"] == info.segment_id and record["length"] == info.length:
-                return Stored.from_json(record)
+    record = _record(store, info)
+    if record is not None and record["length"] == info.length:
+        return Stored.from_json(record)
     return Stored(derived_etag(info))
+
+
+def recorded_etag(store: SegmentStore, info: SegmentInfo) -> str | None:
+    """The ETag the record of segment ``info`` names, whether or not its bytes are all in yet.
+
+    A publish writes the record before the bytes merge in: this tells whose
+    segment an empty or unsealed object is after a crash between the two.
+    """
+    record = _record(store, info)
+    return str(record["etag"]) if record is not None else None
 
 
 def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
@@ -184,18 +205,23 @@ def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
 def write_record(store: SegmentStore, name: str, segment_id: int, length: int, stored: Stored) -> None:
     """Record ``stored`` for the object segment ``name`` once it is ``segment_id`` of ``length`` bytes.
 
-    The record segment keeps only its last line.
+    The record segment keeps only its last line. Back-pressure is waited out
+    as an upload's is; past that, the object goes without its record (a
+    derived ETag and no metadata, never another object's) and a warning says so.
     """
     record = record_name(name)
     if record is None:
         return
+    appended: list[AppendResult] = []
     try:
         with contextlib.suppress(SegmentExists):
             store.create(record)
-        result = store.append(record, stored.to_json(segment_id, length))
-        assert result.offset is not None
-        store.truncate(record, result.offset)
-    except Throttled as err:  # the object is in place; it gets the derived ETag meanwhile
+        line = stored.to_json(segment_id, length)
+        patiently(lambda data: appended.append(store.append(record, data)), line)
+        offset = appended[0].offset
+        assert offset is not None
+        store.truncate(record, offset)
+    except Throttled as err:
         log.warning("record of %r not written: %s", name, err.detail)
 
 
@@ -262,6 +288,13 @@ def discard(store: SegmentStore, name: str) -> None:
         store.delete(name)
 
 
+def info_or_none(store: SegmentStore, name: str) -> SegmentInfo | None:
+    try:
+        return store.info(name)
+    except SegmentNotFound:
+        return None
+
+
 def publish(
     store: SegmentStore,
     target: str,
@@ -275,28 +308,41 @@ def publish(
 
     ``if_none_match``: only if there is no such object; ``if_match``: only if
     the current object has that ETag (or exists, for ``*``). Either failing:
-    PreconditionFailed, and the staging segment is dropped. The record is
-    written for the new segment before its bytes merge in, so a reader that
-    sees the bytes also sees their ETag and metadata.
+    PreconditionFailed. On any failure the staging segment is dropped and
+    the object is left as ``replace`` left it.
     """
     try:
-        sealed = store.seal(staging)
+        store.seal(staging)
         with key_lock(target):
-            try:
-                current = store.info(target)
-            except SegmentNotFound:
-                current = None
+            current = info_or_none(store, target)
             check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
-            if current is not None:
-                store.delete(target)
-            created = store.create(target)
-            write_record(store, target, created.segment_id, sealed.length, stored)
-            merged = store.merge(target, staging)
-            assert merged.offset == 0, "a fresh object segment must be empty when its bytes merge in"
-            return store.seal(target)
+            return replace(store, target, staging, stored, current)
     except BaseException:
         discard(store, staging)
         raise
+
+
+def replace(
+    store: SegmentStore, target: str, staging: str, stored: Stored, current: SegmentInfo | None
+) -> SegmentInfo:
+    """The swap of ``publish`` (the caller holds ``key_lock(target)``; ``staging`` is sealed).
+
+    [Delete the ``current`` object], create the target empty, write its record
+    for the segment id and length it will have, merge the staging segment
+    into it (one log operation), seal it. What holds at every step, a crash
+    included: a reader sees the old object (its bytes and record), no object,
+    an empty one (a derived ETag, no metadata), or the new bytes with their
+    own record; never new bytes with the old record or the reverse, as a
+    record only counts for the segment id and length it names.
+    """
+    staged = store.info(staging)
+    if current is not None:
+        store.delete(target)
+    created = store.create(target)
+    write_record(store, target, created.segment_id, staged.length, stored)
+    merged = store.merge(target, staging)
+    assert merged.offset == 0, "a fresh object segment must be empty when its bytes merge in"
+    return store.seal(target)
 
 
 def delete_object(store: SegmentStore, name: str, *, if_match: str | None = None) -> None:
@@ -306,10 +352,7 @@ def delete_object(store: SegmentStore, name: str, *, if_match: str | None = None
     """
     with key_lock(name):
         if if_match is not None:
-            try:
-                current = store.info(name)
-            except SegmentNotFound:
-                current = None
+            current = info_or_none(store, name)
             check_write_conditions(store, current, if_none_match=False, if_match=if_match)
         with contextlib.suppress(SegmentNotFound):
             store.delete(name)

@@ -193,7 +193,7 @@ def _put_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Respo
     if_match = request.headers.get("If-Match")
     meta = metadata.from_request(request.headers)
     if if_none_match or if_match is not None:  # fail before the body is read; publish checks again
-        current = _info_or_none(store, name)
+        current = objects.info_or_none(store, name)
         objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
     body = Body(request, verdict.signing)
     staging = objects.stage(store, name, body.pieces(store.settings.max_append_bytes))
@@ -216,13 +216,6 @@ def _if_none_match_star() -> bool:
     if value is not None and value.strip() != "*":
         raise subresources.not_implemented("If-None-Match other than *")
     return value is not None
-
-
-def _info_or_none(store: SegmentStore, name: str) -> SegmentInfo | None:
-    try:
-        return store.info(name)
-    except SegmentNotFound:
-        return None
 
 
 def _copy_conditions(info: SegmentInfo, etag: str) -> None:
