@@ -243,14 +243,29 @@ def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Respons
 
 
 def list_parts(store: SegmentStore, bucket: str, key: str) -> Response:
-    """ListParts: the parts of an upload in part number order, ``part-number-marker`` paging."""
+    """ListParts: the parts of an upload in part number order, ``part-number-marker`` paging.
+
+    An upload with a checksum algorithm lists each part's checksum, as S3 does.
+    """
     upload_id = request.args["uploadId"]
     marker = int_arg("part-number-marker", 0, multipart.PART_NUMBER_MAX)
     max_parts = int_arg("max-parts", 1000, 1000)
-    found = sorted(multipart.parts(store, upload_id, bucket, key).values(), key=lambda p: p.number)
+    algorithm, by_number = multipart.parts(store, upload_id, bucket, key)
+    found = sorted(by_number.values(), key=lambda p: p.number)
     after = [p for p in found if p.number > marker]
     page = after[:max_parts]
     truncated = len(after) > len(page)
+
+    def part(p: multipart.Part) -> Node:
+        checksum = [("Checksum" + algorithm.upper(), p.checksum)] if algorithm else []
+        return "Part", [
+            ("PartNumber", p.number),
+            ("LastModified", iso8601(p.time)),
+            ("ETag", f'"{p.etag}"'),
+            ("Size", p.size),
+            *checksum,
+        ]
+
     return document(
         "ListPartsResult",
         [
@@ -261,17 +276,8 @@ def list_parts(store: SegmentStore, bucket: str, key: str) -> Response:
             ("NextPartNumberMarker", page[-1].number if page else marker),
             ("MaxParts", max_parts),
             ("IsTruncated", truncated),
-            *(
-                (
-                    "Part",
-                    [
-                        ("PartNumber", p.number),
-                        ("LastModified", iso8601(p.time)),
-                        ("ETag", f'"{p.etag}"'),
-                        ("Size", p.size),
-                    ],
-                )
-                for p in page
-            ),
+            *(part(p) for p in page),
+            ("ChecksumAlgorithm", algorithm.upper() if algorithm else None),
+            ("ChecksumType", "COMPOSITE" if algorithm else None),
         ],
     )

@@ -32,12 +32,17 @@ CHECKSUM_TYPE = "x-amz-checksum-type"
 
 @dataclass(frozen=True)
 class Stored:
-    """An object's ETag, metadata (header name -> value), checksum headers and part sizes."""
+    """An object's ETag, metadata (header name -> value), checksum headers, part sizes and checksums.
+
+    ``part_checksums``: each part's checksum (base64) when the object has a
+    composite checksum, in part order.
+    """
 
     etag: str
     meta: dict[str, str] = field(default_factory=dict)
     checksum: dict[str, str] = field(default_factory=dict)
     parts: tuple[int, ...] = ()
+    part_checksums: tuple[str, ...] = ()
 
     def to_json(self, segment_id: int, length: int) -> bytes:
         record = {"id": segment_id, "length": length, "etag": self.etag}
@@ -47,8 +52,18 @@ class Stored:
             record["checksum"] = self.checksum
         if self.parts:
             record["parts"] = list(self.parts)
+        if self.part_checksums:
+            record["part_checksums"] = list(self.part_checksums)
         assert sum(self.parts) in (0, length), (self.parts, length)
+        assert len(self.part_checksums) in (0, len(self.parts)), (self.part_checksums, self.parts)
         return json.dumps(record, ensure_ascii=False).encode() + b"\n"
+
+    def part_checksum(self, number: int) -> dict[str, str]:
+        """The checksum headers of part ``number`` (1-based) of a composite multipart object, else none."""
+        algorithm = self.checksum_algorithm()
+        if algorithm is None or not self.part_checksums:
+            return {}
+        return {CHECKSUM_PREFIX + algorithm: self.part_checksums[number - 1], CHECKSUM_TYPE: "COMPOSITE"}
 
     def checksum_algorithm(self) -> str | None:
         """The algorithm of the stored checksum (``crc32``, ``sha256``, ...), None without one."""
@@ -64,6 +79,7 @@ class Stored:
             dict(record.get("meta", {})),
             dict(record.get("checksum", {})),
             tuple(record.get("parts", ())),
+            tuple(record.get("part_checksums", ())),
         )
 
 

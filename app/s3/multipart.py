@@ -2,14 +2,33 @@
 
 An upload is the segment ``.s3/uploads/<upload id>`` (in the target's
 container) and a part log ``.s3/parts/<upload id>``: its first line names
-the bucket and key, every later line records one UploadPart
-``{"part": n, "tx": txid, "etag": md5, "size": bytes, "time": unix s}`` (a
-part sent again is a new line; the last one wins). Each part's bytes go
-into a transaction of the upload segment, invisible until committed.
-CompleteMultipartUpload commits the chosen transactions in part-number
-order (each commit merges one part at the end of the upload segment), aborts
-the parts not chosen, and publishes the upload segment as the object (see
-``objects.publish``) with S3's ETag ``md5(md5(part 1) ... md5(part N))-N``.
+the bucket and key (with the object's metadata and checksum algorithm),
+every later line records one UploadPart ``{"part": n, "tx": txid, "etag":
+md5, "size": bytes, "time": unix s[, "checksum": base64]}`` (a part sent
+again is a new line; the last one wins). Each part's bytes go into a
+transaction of the upload segment, invisible until committed.
+
+CompleteMultipartUpload, holding a lock of the upload, then of the key:
+
+1. judges the write's conditions against the object now (a 412 leaves the
+   upload as it was, and it can be completed again);
+2. appends its decision ``{"complete": [transaction ids]}`` to the part log:
+   from here on the upload is completing, and a retry finishes that decision
+   whatever parts it lists;
+3. commits the chosen transactions in part-number order (each commit merges
+   one part at the end of the upload segment; a commit repeated answers as
+   the first did), aborts the others and seals the upload segment;
+4. publishes it as the object (``objects.replace``) with S3's ETag
+   ``md5(md5(part 1) ... md5(part N))-N``;
+5. records the completion in ``.s3/completed/<upload id>`` (ETag, checksum,
+   object segment id) and drops the part log.
+
+A crash anywhere leaves what a retry of the Complete finishes: before 2,
+nothing happened; between 2 and 4, the retry resumes the decision (an object
+left empty by a crash inside 4 is known as this upload's by the ETag its
+record names); after 4, the upload segment is gone and the object's record
+names this upload, so the retry seals the object, records and answers. After
+5, a retry answers from the completion record, for ``transaction_timeout_s``.
 AbortMultipartUpload deletes the upload segment, which drops its
 transactions, and the part log.
 
@@ -27,13 +46,22 @@ import hashlib
 import json
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from app.s3 import checksums, objects
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
-from engine import InvalidName, SegmentExists, SegmentNotFound, SegmentStore, SegstoreError
+from engine import (
+    InvalidName,
+    SegmentExists,
+    SegmentInfo,
+    SegmentNotFound,
+    SegmentSealed,
+    SegmentStore,
+    SegstoreError,
+)
 
 PART_NUMBER_MAX = 10000
 # The checksums S3 combines into a COMPOSITE checksum of a multipart object (CRC64NVME is FULL_OBJECT only).
@@ -42,6 +70,9 @@ COMPOSITE_ALGORITHMS = ("crc32", "crc32c", "sha1", "sha256")
 PART_MIN_BYTES = 5 * 1024 * 1024
 # The part log's first line: bucket and key, JSON without ASCII escapes (a key is at most 1 KiB).
 _HEADER_MAX_BYTES = 8 * 1024
+# Completion records looked at per CreateMultipartUpload, and where the next look starts, per store.
+_PRUNE_PAGE = 100
+_prune_cursor: weakref.WeakKeyDictionary[SegmentStore, str] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -86,9 +117,18 @@ def create(store: SegmentStore, bucket: str, key: str, meta: dict[str, str], alg
 
 
 def _prune_completed(store: SegmentStore) -> None:
-    """Forget completed uploads older than ``transaction_timeout_s`` (a page of them per call)."""
+    """Forget completed uploads older than ``transaction_timeout_s``.
+
+    A page of records per call, each call going on where the last one
+    stopped (and starting over past the end), so every record is seen in turn
+    however many there are.
+    """
     horizon = time.time() - store.settings.transaction_timeout_s
-    page, _ = store.list(completed_name(""), limit=100)
+    page, after = store.list(completed_name(""), after=_prune_cursor.get(store), limit=_PRUNE_PAGE)
+    if after is None:
+        _prune_cursor.pop(store, None)
+    else:
+        _prune_cursor[store] = after
     for info in page:
         if info.created < horizon:
             objects.discard(store, info.name)
@@ -141,17 +181,33 @@ def _records(store: SegmentStore, upload_id: str, bucket: str, key: str) -> list
     return lines
 
 
-def parts(store: SegmentStore, upload_id: str, bucket: str, key: str) -> dict[int, Part]:
-    """The upload's parts by number (the last upload of each number)."""
-    return _parts(_records(store, upload_id, bucket, key))
+def parts(store: SegmentStore, upload_id: str, bucket: str, key: str) -> tuple[str | None, dict[int, Part]]:
+    """The upload's checksum algorithm (None without one) and parts by number (the last of each)."""
+    records = _records(store, upload_id, bucket, key)
+    return records[0].get("checksum"), _parts(records)
 
 
 def _parts(records: list[dict]) -> dict[int, Part]:
-    found: dict[int, Part] = {}
-    for r in records[1:]:
-        txid = uuid.UUID(r["tx"])
-        found[r["part"]] = Part(r["part"], txid, r["etag"], r["size"], r["time"], r.get("checksum"))
-    return found
+    return {part.number: part for part in _every_part(records)}
+
+
+def _every_part(records: list[dict]) -> list[Part]:
+    """Every UploadPart the log records, in order (a number sent again appears again)."""
+    return [
+        Part(r["part"], uuid.UUID(r["tx"]), r["etag"], r["size"], r["time"], r.get("checksum"))
+        for r in records[1:]
+        if "part" in r
+    ]
+
+
+def _decision(records: list[dict]) -> list[Part] | None:
+    """The parts a Complete decided on (step 2), in order; None if none did."""
+    decided = [r["complete"] for r in records[1:] if "complete" in r]
+    assert len(decided) <= 1, decided
+    if not decided:
+        return None
+    by_tx = {str(part.txid): part for part in _every_part(records)}
+    return [by_tx[txid] for txid in decided[0]]
 
 
 def upload_part(
@@ -176,7 +232,7 @@ def upload_part(
     upload = upload_name(upload_id)
     try:
         txid = store.open_transaction(upload)
-    except SegmentNotFound:
+    except (SegmentNotFound, SegmentSealed):  # gone, or sealed by a Complete
         raise _no_such_upload() from None
     size = 0
     try:
@@ -223,74 +279,145 @@ def complete(
 ) -> Stored:
     """Merge the chosen parts in order and publish the object; returns what the object keeps.
 
-    A repeat of a Complete that succeeded (its answer was lost) answers the
-    same as the first time, for ``transaction_timeout_s``. The conditions
-    (``If-None-Match: *``, ``If-Match``) are checked before any part is
-    committed, and again when the object is published.
+    The steps, and what a retry finds after a crash at any of them, are in
+    the module docstring. A Complete repeated after one succeeded answers as
+    that one did, for ``transaction_timeout_s``, without looking at its parts
+    or conditions again (as S3 answers the retry of a lost answer).
     """
     if not chosen:
         raise S3Error("MalformedXML", "You must specify at least one part")
     numbers = [c.number for c in chosen]
     if numbers != sorted(set(numbers)):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
-    try:
-        records = _records(store, upload_id, bucket, key)
-    except S3Error:
+    _check_id(upload_id)
+    with objects.key_lock(upload_name(upload_id)):
         done = _completed(store, upload_id, bucket, key)
-        if done is None:
-            raise
-        return done
-    header, known = records[0], _parts(records)
+        if done is not None:
+            objects.discard(store, parts_name(upload_id))  # left by a crash after step 5's record
+            return done
+        records = _records(store, upload_id, bucket, key)
+        decided = _decision(records)
+        if decided is None:
+            known = _parts(records)
+            _check_chosen(records[0], known, chosen)
+            parts = [known[n] for n in numbers]
+        else:
+            parts = decided
+        stored = _stored(records[0], parts)
+        target = objects.object_name(bucket, key)
+        with objects.key_lock(target):
+            info = _publish(
+                store, upload_id, target, stored, records, parts, decided is not None,
+                if_none_match=if_none_match, if_match=if_match,
+            )  # fmt: skip
+        done_record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
+        done_record["id"] = info.segment_id
+        with contextlib.suppress(SegmentExists):
+            store.create(completed_name(upload_id))
+        store.append(completed_name(upload_id), json.dumps(done_record, ensure_ascii=False).encode())
+        objects.discard(store, parts_name(upload_id))
+        return stored
+
+
+def _check_chosen(header: dict, known: dict[int, Part], chosen: list[Chosen]) -> None:
+    """The parts a Complete lists exist with these ETags (and checksums); all but the last >= 5 MiB."""
     algorithm = header.get("checksum")
     for c in chosen:
         part = known.get(c.number)
-        sent = c.checksums.get(algorithm) if algorithm else None
-        if part is None or part.etag != c.etag.strip('"') or (sent is not None and sent != part.checksum):
+        if part is None or part.etag != c.etag.strip('"'):
             raise S3Error(
                 "InvalidPart", f"One or more of the specified parts could not be found: part {c.number}"
             )
-    for number in numbers[:-1]:
-        if known[number].size < PART_MIN_BYTES:
+        if algorithm is None:
+            continue
+        sent = c.checksums.get(algorithm)
+        if sent is None:
+            raise S3Error(
+                "InvalidRequest",
+                f"The upload was created using a {algorithm} checksum. The complete request must "
+                f"include the checksum for each part. It was missing for part {c.number} in the request.",
+            )
+        if sent != part.checksum:
+            raise S3Error(
+                "InvalidPart", f"One or more of the specified parts could not be found: part {c.number}"
+            )
+    for c in chosen[:-1]:
+        if known[c.number].size < PART_MIN_BYTES:
             raise S3Error(
                 "EntityTooSmall",
-                f"Your proposed upload is smaller than the minimum allowed size: part {number} "
-                f"is {known[number].size} bytes; every part but the last needs {PART_MIN_BYTES}",
+                f"Your proposed upload is smaller than the minimum allowed size: part {c.number} "
+                f"is {known[c.number].size} bytes; every part but the last needs {PART_MIN_BYTES}",
             )
-    target = objects.object_name(bucket, key)
-    if if_none_match or if_match is not None:
-        try:
-            current = store.info(target)
-        except SegmentNotFound:
-            current = None
-        objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
-    upload = upload_name(upload_id)
-    for number in numbers:
-        try:
-            store.commit_transaction(upload, known[number].txid)
-        except SegmentNotFound:
-            raise S3Error(
-                "InvalidPart", f"part {number} expired (its transaction idled past transaction_timeout_s)"
-            ) from None
-    chosen_tx = {known[n].txid for n in numbers}
-    for record in records[1:]:
-        txid = uuid.UUID(record["tx"])
-        if txid not in chosen_tx:
-            with contextlib.suppress(SegstoreError):
-                store.abort_transaction(upload, txid)
-    digest = hashlib.md5(b"".join(bytes.fromhex(known[n].etag) for n in numbers))
-    stored = Stored(
-        f"{digest.hexdigest()}-{len(numbers)}",
+
+
+def _stored(header: dict, chosen: list[Part]) -> Stored:
+    """What the object made of ``chosen`` keeps: S3's multipart ETag, metadata, composite checksum."""
+    digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen))
+    algorithm = header.get("checksum")
+    return Stored(
+        f"{digest.hexdigest()}-{len(chosen)}",
         header.get("meta", {}),
-        _composite(algorithm, [known[n] for n in numbers]),
-        tuple(known[n].size for n in numbers),
+        _composite(algorithm, chosen),
+        tuple(p.size for p in chosen),
+        tuple(p.checksum or "" for p in chosen) if algorithm else (),
     )
-    objects.publish(store, target, upload, stored, if_none_match=if_none_match, if_match=if_match)
-    done = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
-    with contextlib.suppress(SegmentExists):
-        store.create(completed_name(upload_id))
-    store.append(completed_name(upload_id), json.dumps(done, ensure_ascii=False).encode())
-    objects.discard(store, parts_name(upload_id))
-    return stored
+
+
+def _publish(
+    store: SegmentStore,
+    upload_id: str,
+    target: str,
+    stored: Stored,
+    records: list[dict],
+    parts: list[Part],
+    decided: bool,
+    *,
+    if_none_match: bool,
+    if_match: str | None,
+) -> SegmentInfo:
+    """Steps 1 to 4 under the key's lock, resuming the decision a crash interrupted (``decided``)."""
+    upload = upload_name(upload_id)
+    current = objects.info_or_none(store, target)
+    # An object whose record names this upload's ETag is this completion's own, left by a crash.
+    ours = decided and current is not None and objects.recorded_etag(store, current) == stored.etag
+    staged = objects.info_or_none(store, upload)
+    if staged is None:  # merged into the object already (step 4 done), or aborted
+        if current is None or not ours:
+            raise _no_such_upload()
+        return store.seal(target)
+    assert decided or not staged.sealed, "an upload segment is sealed only after its decision"
+    if not ours:
+        objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
+    if not decided:
+        for part in parts:
+            _require_open(store, upload, part)
+        decision = {"complete": [str(part.txid) for part in parts]}
+        store.append(parts_name(upload_id), json.dumps(decision).encode() + b"\n")
+    if not staged.sealed:
+        for part in parts:
+            try:
+                store.commit_transaction(upload, part.txid)
+            except SegmentNotFound:
+                raise _expired(part.number) from None
+        chosen = {part.txid for part in parts}
+        for part in _every_part(records):
+            if part.txid not in chosen:
+                with contextlib.suppress(SegstoreError):
+                    store.abort_transaction(upload, part.txid)
+        store.seal(upload)
+    return objects.replace(store, target, upload, stored, current)
+
+
+def _require_open(store: SegmentStore, upload: str, part: Part) -> None:
+    """InvalidPart if the part's transaction is gone (idle past ``transaction_timeout_s``)."""
+    try:
+        store.transaction_info(upload, part.txid)
+    except SegmentNotFound:
+        raise _expired(part.number) from None
+
+
+def _expired(number: int) -> S3Error:
+    return S3Error("InvalidPart", f"part {number} expired (its transaction idled past transaction_timeout_s)")
 
 
 def _composite(algorithm: str | None, chosen: list[Part]) -> dict[str, str]:
@@ -312,8 +439,8 @@ def _completed(store: SegmentStore, upload_id: str, bucket: str, key: str) -> St
         result = store.read(completed_name(upload_id), 0, _HEADER_MAX_BYTES)
     except (SegmentNotFound, InvalidName):
         return None
-    if result.info.created < time.time() - store.settings.transaction_timeout_s:
-        return None
+    if not result.data or result.info.created < time.time() - store.settings.transaction_timeout_s:
+        return None  # not written yet (a crash between its create and its append), or too old
     done = json.loads(result.data)
     if done["bucket"] != bucket or done["key"] != key:
         return None
@@ -321,6 +448,8 @@ def _completed(store: SegmentStore, upload_id: str, bucket: str, key: str) -> St
 
 
 def abort(store: SegmentStore, upload_id: str, bucket: str, key: str) -> None:
+    """Drop the upload and its parts (never while a Complete of it runs: they share a lock)."""
     _check_header(store, upload_id, bucket, key)
-    objects.discard(store, upload_name(upload_id))
-    objects.discard(store, parts_name(upload_id))
+    with objects.key_lock(upload_name(upload_id)):
+        objects.discard(store, upload_name(upload_id))
+        objects.discard(store, parts_name(upload_id))

@@ -4,7 +4,10 @@ The object's bytes stream from the engine read by read; a reader notices
 (and stops) if the object is replaced while it streams. What the object
 keeps besides its bytes (``metadata.Stored``) gives the ETag, the metadata
 headers, the part sizes of a multipart object (``partNumber``) and, when the
-client asks with ``x-amz-checksum-mode: ENABLED``, the stored checksum.
+client asks with ``x-amz-checksum-mode: ENABLED``, the checksum of exactly the
+bytes answered: the object's for all of it, a part's for one part of a
+composite multipart object, none for a byte range (a client would check it
+against the range and fail).
 """
 
 from __future__ import annotations
@@ -144,14 +147,18 @@ def get_object(store: SegmentStore, name: str, *, head: bool) -> Response:
         byte_range = _part_range(stored, info.length, number)
         if stored.parts:
             headers["x-amz-mp-parts-count"] = str(len(stored.parts))
+            checksum = stored.part_checksum(number)
+        else:
+            checksum = stored.checksum  # the one part is the whole object
     else:
         byte_range = _byte_range(info.length)
+        checksum = stored.checksum if byte_range is None else {}
+    if request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+        headers.update(checksum)
     start, end, status = 0, info.length, 200
     if byte_range is not None:
         start, end, status = byte_range[0], byte_range[1] + 1, 206
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.length}"
-    elif request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
-        headers.update(stored.checksum)
     headers["Content-Length"] = str(end - start)
     if not head:
         headers.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import datetime
 import hashlib
 import os
@@ -196,6 +197,10 @@ def test_a_repeated_complete_answers_the_same_etag(s3: Any, bucket: str) -> None
     second = s3.complete_multipart_upload(**args)
     assert first["ETag"] == second["ETag"] and first["ETag"].endswith('-2"')
     assert s3.get_object(Bucket=bucket, Key="again")["Body"].read() == data
+    # A retry is answered, not redone: its parts list and conditions are not judged again.
+    third = s3.complete_multipart_upload(**{**args, "MultipartUpload": {"Parts": parts[:1]}}, IfNoneMatch="*")
+    assert third["ETag"] == first["ETag"]
+    assert s3.get_object(Bucket=bucket, Key="again")["Body"].read() == data
     with pytest.raises(ClientError) as err:
         s3.complete_multipart_upload(**{**args, "Key": "elsewhere"})
     assert _code(err) == ("NoSuchUpload", 404)
@@ -285,3 +290,53 @@ def test_multipart_part_without_the_upload_checksum_is_refused(s3: Any, bucket: 
         )
     assert _code(err) == ("InvalidRequest", 400)
     assert s3.list_parts(Bucket=bucket, Key="k", UploadId=upload_id).get("Parts", []) == []
+
+
+def test_part_checksums_are_listed_and_read_per_part(s3: Any, bucket: str) -> None:
+    upload_id, parts, data = _upload(s3, bucket, "pc", [PART, 300], ChecksumAlgorithm="CRC32")
+    listed = s3.list_parts(Bucket=bucket, Key="pc", UploadId=upload_id)
+    assert [p["ChecksumCRC32"] for p in listed["Parts"]] == [p["ChecksumCRC32"] for p in parts]
+    assert listed["ChecksumAlgorithm"] == "CRC32"
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="pc", UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )
+    # The checksum of the bytes answered: one part's (botocore checks the body against it).
+    second = s3.get_object(Bucket=bucket, Key="pc", PartNumber=2, ChecksumMode="ENABLED")
+    assert second["ChecksumCRC32"] == _b64(_crc32(data[PART:])) and second["Body"].read() == data[PART:]
+    first = s3.head_object(Bucket=bucket, Key="pc", PartNumber=1, ChecksumMode="ENABLED")
+    assert first["ChecksumCRC32"] == _b64(_crc32(data[:PART]))
+    ranged = s3.get_object(Bucket=bucket, Key="pc", Range="bytes=0-9", ChecksumMode="ENABLED")
+    assert "ChecksumCRC32" not in ranged and ranged["Body"].read() == data[:10]
+    whole = s3.head_object(Bucket=bucket, Key="pc", ChecksumMode="ENABLED")
+    assert whole["ChecksumCRC32"].endswith("-2")
+
+
+def test_complete_of_a_checksum_upload_needs_every_part_checksum(s3: Any, bucket: str) -> None:
+    upload_id, parts, data = _upload(s3, bucket, "need", [PART, 10], ChecksumAlgorithm="CRC32")
+    bare = [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="need", UploadId=upload_id, MultipartUpload={"Parts": bare}
+        )
+    assert _code(err) == ("InvalidRequest", 400)
+    wrong = [{**parts[0], "ChecksumCRC32": parts[1]["ChecksumCRC32"]}, parts[1]]
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="need", UploadId=upload_id, MultipartUpload={"Parts": wrong}
+        )
+    assert _code(err) == ("InvalidPart", 400)
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="need")
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="need", UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )
+    assert s3.get_object(Bucket=bucket, Key="need")["Body"].read() == data
+
+
+def test_completes_sent_at_once_complete_once_and_answer_alike(s3: Any, bucket: str) -> None:
+    upload_id, parts, data = _upload(s3, bucket, "race", [PART, 1000])
+    args = {"Bucket": bucket, "Key": "race", "UploadId": upload_id, "MultipartUpload": {"Parts": parts}}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: s3.complete_multipart_upload(**args)["ETag"], range(4)))
+    assert len(set(answers)) == 1 and answers[0].endswith('-2"')
+    assert s3.get_object(Bucket=bucket, Key="race")["Body"].read() == data
