@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from flask import Blueprint, Response, current_app, request
 from werkzeug.http import parse_date
@@ -250,8 +250,10 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     copied. ``x-amz-metadata-directive``: ``COPY`` (default) keeps the
     source's metadata, ``REPLACE`` takes the request's.
     """
-    source = unquote(request.headers["X-Amz-Copy-Source"]).partition("?")[0].lstrip("/")
-    source_bucket, _, source_key = source.partition("/")
+    path, _, query = request.headers["X-Amz-Copy-Source"].partition("?")  # a key's own ? is %3F
+    if parse_qs(query).get("versionId", ["null"]) != ["null"]:
+        raise S3Error("InvalidArgument", "Invalid version id specified")
+    source_bucket, _, source_key = unquote(path).lstrip("/").partition("/")
     objects.require_bucket(store, source_bucket)
     source_name = objects.object_name(source_bucket, source_key)
     _require(verdict, auth.Access.READ, source_name)
@@ -294,7 +296,11 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     )
     return document(
         "CopyObjectResult",
-        [("LastModified", iso8601(published.last_modified)), ("ETag", f'"{md5.hexdigest()}"')],
+        [
+            ("LastModified", iso8601(published.last_modified)),
+            ("ETag", f'"{md5.hexdigest()}"'),
+            *((_checksum_field(h), v) for h, v in stored_checksum.items()),
+        ],
     )
 
 

@@ -340,3 +340,20 @@ def test_completes_sent_at_once_complete_once_and_answer_alike(s3: Any, bucket: 
         answers = list(pool.map(lambda _: s3.complete_multipart_upload(**args)["ETag"], range(4)))
     assert len(set(answers)) == 1 and answers[0].endswith('-2"')
     assert s3.get_object(Bucket=bucket, Key="race")["Body"].read() == data
+
+
+def test_copy_answers_its_checksum_and_refuses_other_source_versions(s3: Any, bucket: str) -> None:
+    data = b"copied bytes"
+    s3.put_object(Bucket=bucket, Key="what now", Body=data, ChecksumAlgorithm="SHA256")
+    copied = s3.copy_object(Bucket=bucket, Key="copy", CopySource={"Bucket": bucket, "Key": "what now"})
+    assert copied["CopyObjectResult"]["ChecksumSHA256"] == _b64(hashlib.sha256(data).digest())
+    assert s3.get_object(Bucket=bucket, Key="copy")["Body"].read() == data
+    with pytest.raises(ClientError) as err:
+        s3.copy_object(
+            Bucket=bucket, Key="copy2", CopySource={"Bucket": bucket, "Key": "what now", "VersionId": "v7"}
+        )
+    assert _code(err) == ("InvalidArgument", 400)
+    s3.copy_object(
+        Bucket=bucket, Key="copy2", CopySource={"Bucket": bucket, "Key": "what now", "VersionId": "null"}
+    )
+    assert s3.get_object(Bucket=bucket, Key="copy2")["Body"].read() == data
