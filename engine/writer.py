@@ -330,13 +330,19 @@ class StorageWriter:
     def _drop_uncommitted(self, old: list[ChunkRef], new: list[ChunkRef], merged: list[PendingMerge]) -> None:
         """Undo a flush whose layout never committed (its segment was merged or deleted meanwhile).
 
-        The chunks it created are deleted; the chunks it extended hold bytes past
-        their recorded length, so nothing appends to them again (the target of a
-        merge starts a chunk of its own instead of finding them by BadChunkOffset).
+        The chunks it created are deleted and the chunks it extended are cut
+        back to their recorded length, so no chunk holds bytes no layout names:
+        the target of a merge, which now owns them, appends to them where its
+        layout says they end (it used to find the extra bytes by BadChunkOffset
+        and start a chunk of its own, the bytes written twice).
         """
         recorded = {c.name: c.length for c in old} | {c.name: c.length for m in merged for c in m.chunks}
         self._delete_chunks(c.name for c in new if c.name not in recorded)
-        self.chunked.abandon(c.name for c in new if c.name in recorded and c.length > recorded[c.name])
+        self.chunked.cut_back(
+            c._replace(length=recorded[c.name])
+            for c in new
+            if c.name in recorded and c.length > recorded[c.name]
+        )
 
     def _commit_index(self, op: ops.UpdateAttributeIndex, written: int) -> bool:
         """Make an attribute index update durable; False if the segment is gone."""

@@ -13,9 +13,11 @@ length, and chunks no layout names, are ignored and collected.
   created that chunk and it is below the segment's rollover size; otherwise
   start a new chunk (always, on S3). The binding appends only at a chunk's
   current end, so a segment whose layout names fewer bytes of the chunk than
-  it holds (a write whose layout never committed, a fork's share of a chunk
-  its source wrote on) is refused and starts a new chunk: bytes a layout
-  names never change. A new epoch never writes to a chunk an
+  it holds (a fork's share of a chunk its source wrote on, a write whose
+  layout never committed and was not cut back) is refused and starts a new
+  chunk: bytes a layout names never change. A write whose layout never
+  committed (its segment was merged or deleted meanwhile) is cut back to
+  the recorded length where the binding can truncate (``cut_back``). A new epoch never writes to a chunk an
   older epoch created (seed 002 "Segment Store Failover").
 - Truncate: chunks wholly below the new start offset leave the layout.
 - Concat (merge): the source's chunks join the target's layout, shifted to
@@ -46,6 +48,7 @@ from engine.tier2.chunk_storage import (
     ChunkHandle,
     ChunkNotFound,
     ChunkStorage,
+    ChunkStorageError,
 )
 
 log = logging.getLogger(__name__)
@@ -120,9 +123,23 @@ class ChunkedSegmentStorage:
         # (a write whose layout update never committed): never append to them.
         self._abandoned: set[str] = set()
 
-    def abandon(self, names: Iterable[str]) -> None:
-        """Chunks that hold bytes past their recorded length: never appended to again."""
-        self._abandoned.update(names)
+    def cut_back(self, chunks: Iterable[ChunkRef]) -> None:
+        """Cut each chunk back to the length its layout records (a write that never committed).
+
+        Then no chunk holds bytes its layout does not name, and the next write
+        appends where the layout says the chunk ends. A chunk the binding
+        cannot cut (no truncation, or the cut failed) is never appended to again.
+        """
+        for chunk in chunks:
+            if self.storage.supports_truncation:
+                try:
+                    self.storage.truncate(self.storage.open_write(chunk.name), chunk.length)
+                    continue
+                except (ChunkStorageError, OSError) as exc:
+                    log.warning(
+                        "chunk %s not cut back to %d bytes (%s); left alone", chunk.name, chunk.length, exc
+                    )
+            self._abandoned.add(chunk.name)
 
     def owned(self, chunk: ChunkRef) -> bool:
         """True if the current epoch created ``chunk`` (only then may it write to it)."""

@@ -8,6 +8,7 @@ from engine.errors import DataCorrupted
 from engine.naming import parse_chunk_name
 from engine.tier2.chunk_storage import ChunkHandle, ChunkNotFound
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef, check_layout, concat_layouts
+from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 
 
@@ -75,6 +76,30 @@ def test_unrecorded_bytes_in_the_last_chunk_start_a_new_chunk() -> None:
     assert chunked.read(layout, 0, 6) == b"abcdef"
     layout = chunked.write("s", 1, layout, 6, b"g", 100)
     assert len(layout) == 2, "the new chunk is appended to, the abandoned one is not"
+
+
+def test_a_chunk_cut_back_to_its_recorded_length_is_written_on() -> None:
+    storage = MemoryChunkStorage()
+    chunked = ChunkedSegmentStorage(storage, 0)
+    layout = chunked.write("s", 1, [], 0, b"abc", 100)
+    storage.write(storage.open_write(layout[0].name), 3, b"zzz")  # a write whose layout never committed
+    chunked.cut_back(layout)
+    layout = chunked.write("s", 1, layout, 3, b"def", 100)
+    assert len(layout) == 1 and storage.info(layout[0].name).length == 6
+    assert chunked.read(layout, 0, 6) == b"abcdef"
+
+
+@pytest.mark.parametrize("cannot", ["no truncation", "truncate fails"])
+def test_a_chunk_that_cannot_be_cut_back_is_never_written_on(cannot: str) -> None:
+    inner = MemoryChunkStorage(supports_truncation=cannot != "no truncation")
+    storage = FaultyChunkStorage(inner)
+    chunked = ChunkedSegmentStorage(storage, 0)
+    layout = chunked.write("s", 1, [], 0, b"abc", 100)
+    inner.write(inner.open_write(layout[0].name), 3, b"zzz")
+    storage.fail("truncate")
+    chunked.cut_back(layout)
+    layout = chunked.write("s", 1, layout, 3, b"def", 100)
+    assert len(layout) == 2 and chunked.read(layout, 0, 6) == b"abcdef"
 
 
 def test_read_of_a_chunk_shorter_than_its_layout_is_corruption() -> None:

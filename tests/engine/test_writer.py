@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -402,3 +404,56 @@ def test_a_large_backlog_is_flushed_in_steps_under_one_layout_commit(
     node.restart()
     node.evict_all()
     assert node.store.read("s").data == data
+
+
+@pytest.mark.parametrize("truncation", [True, False], ids=["cut back", "no truncation"])
+def test_a_flush_overtaken_by_a_merge_leaves_no_chunk_bytes_its_layout_does_not_name(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    truncation: bool,
+) -> None:  # fmt: skip
+    """A flush writes the source's tail into its last chunk, then the source merges into the target
+    before the flush's layout commits: the chunk now belongs to the target's layout, which names
+    fewer bytes of it than it holds. Cut back, the target writes on in it; a binding that cannot
+    cut leaves it alone and the target starts a chunk of its own. Never a BadChunkOffset."""
+    node = make_node(
+        storage=MemoryChunkStorage(supports_truncation=truncation),
+        flush_threshold_ms=60_000,
+        flush_threshold_bytes=1 << 20,
+    )
+    node.store.create("target")
+    node.store.create("source")
+    head, tail = os.urandom(1000), os.urandom(700)
+    node.store.append("source", head)
+    node.store.flush()
+    node.store.append("source", tail)
+    in_write, release = threading.Event(), threading.Event()
+    original = node.storage.write
+
+    def write(handle: Any, offset: int, data: bytes) -> int:
+        length = original(handle, offset, data)
+        if not in_write.is_set():
+            in_write.set()
+            release.wait(5)  # the tail is in the chunk; its UpdateLayout is not submitted yet
+        return length
+
+    monkeypatch.setattr(node.storage, "write", write)
+    caplog.set_level(logging.INFO, logger="engine.tier2.chunked")
+    flusher = threading.Thread(target=node.store.flush)
+    flusher.start()
+    assert in_write.wait(5)
+    node.store.seal("source")
+    node.store.merge("target", "source")
+    release.set()
+    flusher.join(10)
+    node.store.flush()
+    assert "unrecorded" not in caplog.text
+    layout = node.layout("target")
+    assert node.tier2_bytes("target") == head + tail
+    if truncation:
+        assert [(c.start, c.length) for c in layout] == [(0, 1700)]  # one chunk, written on
+        assert all(node.storage.info(c.name).length == c.length for c in layout)
+    else:
+        assert [(c.start, c.length) for c in layout] == [(0, 1000), (1000, 700)]
+    node.restart()
+    node.evict_all()
+    assert node.store.read("target").data == head + tail
