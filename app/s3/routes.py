@@ -270,6 +270,10 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     info = store.info(source_name)
     source_stored = objects.stored_of(store, info)
     _copy_conditions(info, source_stored.etag)
+    if_none_match, if_match = _if_none_match_star(), request.headers.get("If-Match")
+    if if_none_match or if_match is not None:  # before any byte is copied; publish judges again
+        current = objects.info_or_none(store, name)
+        objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
     meta = metadata.from_request(request.headers) if directive == "REPLACE" else source_stored.meta
     algorithm = request.headers.get("x-amz-checksum-algorithm") or source_stored.checksum_algorithm()
     checksum = checksums.new(algorithm) if algorithm else None
@@ -290,10 +294,7 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
         header = checksums.HEADER_PREFIX + algorithm.lower()
         stored_checksum = {header: checksums.encode(checksum), "x-amz-checksum-type": "FULL_OBJECT"}
     stored = metadata.Stored(md5.hexdigest(), dict(meta), stored_checksum)
-    if_match = request.headers.get("If-Match")
-    published = objects.publish(
-        store, name, staging, stored, if_none_match=_if_none_match_star(), if_match=if_match
-    )
+    published = objects.publish(store, name, staging, stored, if_none_match=if_none_match, if_match=if_match)
     return document(
         "CopyObjectResult",
         [

@@ -357,3 +357,19 @@ def test_copy_answers_its_checksum_and_refuses_other_source_versions(s3: Any, bu
         Bucket=bucket, Key="copy2", CopySource={"Bucket": bucket, "Key": "what now", "VersionId": "null"}
     )
     assert s3.get_object(Bucket=bucket, Key="copy2")["Body"].read() == data
+
+
+def test_copy_onto_an_existing_key_with_if_none_match_is_refused(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="src", Body=b"source")
+    s3.put_object(Bucket=bucket, Key="dst", Body=b"kept")
+    with pytest.raises(ClientError) as err:
+        s3.copy_object(Bucket=bucket, Key="dst", CopySource=f"{bucket}/src", IfNoneMatch="*")
+    assert _code(err) == ("PreconditionFailed", 412)
+    assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == b"kept"
+    with pytest.raises(ClientError) as err:
+        s3.copy_object(
+            Bucket=bucket, Key="dst", CopySource=f"{bucket}/src", IfMatch='"0123456789abcdef0123456789abcdef"'
+        )
+    assert _code(err) == ("PreconditionFailed", 412)
+    s3.copy_object(Bucket=bucket, Key="new", CopySource=f"{bucket}/src", IfNoneMatch="*")
+    assert s3.get_object(Bucket=bucket, Key="new")["Body"].read() == b"source"
