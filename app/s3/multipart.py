@@ -310,11 +310,11 @@ def complete(
                 store, upload_id, target, stored, records, parts, decided is not None,
                 if_none_match=if_none_match, if_match=if_match,
             )  # fmt: skip
-        done_record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
-        done_record["id"] = info.segment_id
+        record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
+        record["id"] = info.segment_id  # the object this upload made
         with contextlib.suppress(SegmentExists):
             store.create(completed_name(upload_id))
-        store.append(completed_name(upload_id), json.dumps(done_record, ensure_ascii=False).encode())
+        store.append(completed_name(upload_id), json.dumps(record, ensure_ascii=False).encode())
         objects.discard(store, parts_name(upload_id))
         return stored
 
@@ -359,7 +359,7 @@ def _stored(header: dict, chosen: list[Part]) -> Stored:
         header.get("meta", {}),
         _composite(algorithm, chosen),
         tuple(p.size for p in chosen),
-        tuple(p.checksum or "" for p in chosen) if algorithm else (),
+        tuple(p.checksum for p in chosen if p.checksum is not None) if algorithm else (),
     )
 
 
