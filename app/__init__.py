@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, errors, ops, s3, segments, streams
+from app import auth, chunked_body, errors, ops, s3, segments, streams
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -30,6 +30,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     app.register_blueprint(s3.bp)
     app.after_request(_no_type_without_body)
+    # Around every reader of a body (the stream append shortcut takes no chunked one).
+    chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
+    app.wsgi_app = chunked_body.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
     return app

@@ -17,7 +17,7 @@ from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.http import HTTP_STATUS_CODES
 
-from engine import SegmentInfo, SegstoreError, Throttled
+from engine import InvalidArgument, SegmentInfo, SegstoreError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,14 @@ class InvalidHeader(SegstoreError):
     """
 
     code = "InvalidHeader"
+
+
+class MalformedBody(InvalidArgument):
+    """A request body the HTTP server could not decode (a broken ``Transfer-Encoding: chunked``).
+
+    HTTP-only, like ``InvalidHeader``; a 400 ``InvalidArgument`` on the
+    native surfaces, ``IncompleteBody`` on S3.
+    """
 
 
 def segment_headers(info: SegmentInfo) -> dict[str, str]:

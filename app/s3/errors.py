@@ -15,6 +15,7 @@ from xml.sax.saxutils import escape
 from flask import Response, request
 
 from app.auth import Forbidden, Unauthorized
+from app.errors import MalformedBody
 from engine import (
     ConditionalCheckFailed,
     InvalidArgument,
@@ -96,6 +97,8 @@ def from_engine(err: SegstoreError, *, missing: str = "NoSuchKey") -> S3Error:
         return S3Error("InvalidArgument", f"the key cannot name a segment: {err.detail}")
     if isinstance(err, PayloadTooLarge):
         return S3Error("EntityTooLarge", err.detail)
+    if isinstance(err, MalformedBody):
+        return S3Error("IncompleteBody", err.detail)
     if isinstance(err, InvalidArgument):
         return S3Error("InvalidArgument", err.detail)
     if isinstance(err, Throttled):
