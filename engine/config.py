@@ -68,8 +68,9 @@ class Settings:
     # Transactions with no append, commit or abort for this long are aborted.
     transaction_timeout_s: float = 600.0
     # Durable Streams: a long-poll (and an SSE keep-alive) waits this long at the tail (at most
-    # tail_wait_max_s); expired streams are looked for every stream_reap_interval_s.
-    stream_long_poll_s: float = 30.0
+    # tail_wait_max_s; 20 s is what the protocol's clients and conformance suite expect);
+    # expired streams are looked for every stream_reap_interval_s.
+    stream_long_poll_s: float = 20.0
     stream_reap_interval_s: float = 1.0
     log_level: str = "info"
     # Access control: a TOML file of bearer tokens and their grants (empty: native API open).

@@ -21,6 +21,8 @@ def test_defaults_need_nothing() -> None:
     assert settings.data_dir == "./data" and settings.bind == "127.0.0.1:8080"
     assert settings.tier2_path == Path("data/tier2")
     assert settings.container_count == 4 and settings.flush_threshold_ms == 1000
+    # The Durable Streams clients and conformance suite wait 20 s for a long-poll.
+    assert settings.stream_long_poll_s == 20
 
 
 def test_toml_file(tmp_path: Path) -> None:
@@ -152,3 +154,4 @@ def test_tier1_and_tier2_on_s3_under_prefixes_of_their_own() -> None:
     settings = Settings(tier1="s3://bucket/tier1", tier2="s3://bucket/tier2")
     assert settings.tier1_s3 == ("bucket", "tier1/")
     assert Settings(tier1="s3://one", tier2="s3://two").tier1_s3 == ("one", "")
+
