@@ -20,7 +20,7 @@ $(VENV)/.test: pyproject.toml | $(BIN)/activate
 	touch $@ $(VENV)/.serve
 
 run: $(VENV)/.serve
-	$(BIN)/gunicorn -c deploy/gunicorn.conf.py 'app:create_app()'
+	$(BIN)/python -m gunicorn -c deploy/gunicorn.conf.py 'app:create_app()'
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -3,7 +3,9 @@
 Every limit of the engine and the server is a field here, units last in the
 name. ``load_settings`` reads ``SEGSTORE_CONFIG`` (a TOML file whose keys are
 the field names) and then ``SEGSTORE_<FIELD>`` variables, e.g.
-``SEGSTORE_DATA_DIR`` or ``SEGSTORE_FLUSH_THRESHOLD_BYTES``.
+``SEGSTORE_DATA_DIR`` or ``SEGSTORE_FLUSH_THRESHOLD_BYTES``. When neither
+names ``bind``, a ``PORT`` variable (set by platforms that run a Procfile,
+such as Heroku) makes it ``0.0.0.0:$PORT``, as gunicorn's own default does.
 """
 
 from __future__ import annotations
@@ -176,5 +178,10 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         raw = env.get("SEGSTORE_" + name.upper())
         if raw is not None:
             values[name] = _convert(name, kind, raw)
+    port = env.get("PORT")
+    if "bind" not in values and port is not None:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"PORT must be a TCP port number, got {port!r}")
+        values["bind"] = f"0.0.0.0:{int(port)}"
     values.update(overrides)
     return Settings(**values)

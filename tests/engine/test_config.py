@@ -155,3 +155,15 @@ def test_tier1_and_tier2_on_s3_under_prefixes_of_their_own() -> None:
     assert settings.tier1_s3 == ("bucket", "tier1/")
     assert Settings(tier1="s3://one", tier2="s3://two").tier1_s3 == ("one", "")
 
+
+def test_port_gives_the_bind_when_nothing_names_one(tmp_path: Path) -> None:
+    """Platforms that run a Procfile say where to listen in PORT, as gunicorn's own default reads it."""
+    assert load_settings({"PORT": "5123"}).bind == "0.0.0.0:5123"
+    assert load_settings({"PORT": "5123", "SEGSTORE_BIND": "127.0.0.1:9000"}).bind == "127.0.0.1:9000"
+    assert load_settings({"PORT": "5123", **toml(tmp_path, 'bind = "[::1]:7000"\n')}).bind == "[::1]:7000"
+
+
+@pytest.mark.parametrize("port", ["", "http", "0", "65536", "-1", " 80"])
+def test_a_port_that_is_not_a_port_number_is_refused(port: str) -> None:
+    with pytest.raises(InvalidArgument, match="PORT"):
+        load_settings({"PORT": port})
