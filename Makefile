@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean s3-deps spark-deps
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,22 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# Optional extras: moto's S3 server (s3), the PySpark data source (spark). `test` has both.
+$(VENV)/.s3: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '.[s3]'
+	touch $@ $(VENV)/.serve
+
+$(VENV)/.spark: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '.[spark]'
+	touch $@ $(VENV)/.serve
+
 $(VENV)/.test: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $@ $(VENV)/.serve
+	touch $@ $(VENV)/.serve $(VENV)/.s3 $(VENV)/.spark
+
+s3-deps: $(VENV)/.s3
+
+spark-deps: $(VENV)/.spark
 
 run: $(VENV)/.serve
 	$(BIN)/python -m gunicorn -c deploy/gunicorn.conf.py 'app:create_app()'

@@ -10,9 +10,11 @@ import sys
 import time
 import tomllib
 from dataclasses import fields
+from importlib import metadata
 from pathlib import Path
 
 import requests
+from packaging.requirements import Requirement
 
 from engine import Settings, load_settings
 from tests.serverproc import ROOT, free_port
@@ -103,3 +105,22 @@ def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) 
     )
     assert proc.returncode != 0
     assert "refusing to bind 0.0.0.0:" in proc.stderr and "SEGSTORE_ALLOW_UNAUTHENTICATED=1" in proc.stderr
+
+
+def test_extras_bring_what_the_readme_runs() -> None:
+    """``s3`` brings moto's server (the README's .venv/bin/moto_server), ``spark`` PySpark and
+    pyarrow; ``test`` includes both; every ``make`` target the README names exists."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {extra: {Requirement(spec).name for spec in specs} for extra, specs in extras.items()}
+    assert [Requirement(spec).extras for spec in extras["s3"]] == [{"server"}]
+    assert names["s3"] == {"moto"}
+    assert names["spark"] == {"pyspark", "pyarrow"}
+    (own,) = [Requirement(spec) for spec in extras["test"] if Requirement(spec).name == "segstore"]
+    assert own.extras == {"s3", "spark"}
+    assert "moto_server" in {e.name for e in metadata.distribution("moto").entry_points}
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    named = set(re.findall(r"(?:`|^)make\s+([a-z0-9-]+)", readme, re.M))
+    assert {"run", "test", "s3-deps", "spark-deps"} <= named
+    for target in named:
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"README names make {target}"
