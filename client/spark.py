@@ -22,8 +22,9 @@ the offset where its record starts. Options:
   start offset); ``maxBytesPerTrigger`` caps the bytes of one micro-batch,
   cut on a record boundary (at least one record per segment, so one record
   larger than the cap is read whole);
-- writing: ``segment`` (the target), ``append_bytes`` (bytes per append,
-  4 MiB, below the server's ``max_append_bytes``); streaming writes:
+- writing: ``segment`` (the target: the driver creates it before any task
+  runs if it is missing, and refuses a sealed one), ``append_bytes`` (bytes
+  per append, 4 MiB, below the server's ``max_append_bytes``); streaming writes:
   ``sinkId`` names the sink's committed-batch attributes (default: the
   ``checkpointLocation`` option, else the target's name);
   ``fail_first_attempt_after_rows`` is fault injection for tests.
@@ -59,6 +60,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from client import spark_sink
+from client.errors import SegmentExists
 from client.segment_client import SegmentClient, SegmentInfo
 from client.spark_ranges import (
     DEFAULT_READ_BYTES,
@@ -146,14 +148,18 @@ class SegstoreDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> SegstoreWriter:
         _check_writable(schema, overwrite)
-        return SegstoreWriter(SegstoreOptions(self.options))
+        options = SegstoreOptions(self.options)
+        _prepare_target(options)
+        return SegstoreWriter(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return SegstoreStreamReader(SegstoreOptions(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SegstoreStreamWriter:
         _check_writable(schema, overwrite)
-        return SegstoreStreamWriter(SegstoreOptions(self.options))
+        options = SegstoreOptions(self.options)
+        _prepare_target(options)
+        return SegstoreStreamWriter(options)
 
 
 def _check_writable(schema: StructType, overwrite: bool) -> None:
@@ -161,6 +167,22 @@ def _check_writable(schema: StructType, overwrite: bool) -> None:
         raise ValueError("segstore: segments are append-only; write with mode('append')")
     if "value" not in schema.fieldNames():
         raise ValueError("segstore: the data frame written needs a 'value' column (binary or string)")
+
+
+def _prepare_target(options: SegstoreOptions) -> None:
+    """Create a missing target segment, or refuse a sealed one, on the driver before any task runs.
+
+    Every write task opens a transaction of the target: left to them, a
+    missing or sealed target failed each task (and its retries) on its own.
+    """
+    with options.client() as client:
+        try:
+            client.create(options.target)
+        except SegmentExists:
+            if client.info(options.target).sealed:
+                raise ValueError(
+                    f"segstore: the target segment {options.target!r} is sealed and takes no more rows"
+                ) from None
 
 
 class RangePartition(InputPartition):

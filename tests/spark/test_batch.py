@@ -148,3 +148,23 @@ def test_overwrite_and_a_missing_value_column_are_refused(
         other.write.format("segstore").option("endpoint", server.url).option("segment", scope + "x").mode(
             "append"
         ).save()
+
+
+def test_a_missing_target_is_created_before_any_task_and_a_sealed_one_refused(
+    spark: Any, server: ServerProcess, client: SegmentClient, scope: str
+) -> None:
+    name = scope + "created-by-the-driver"
+    df = spark.createDataFrame([(b"a",), (b"bc",)], "value binary").repartition(2)
+
+    def write() -> None:
+        df.write.format("segstore").option("endpoint", server.url).option("segment", name).mode(
+            "append"
+        ).save()
+
+    write()
+    events = [e.payload for e in EventReader(client, name, follow=False)]
+    assert sorted(events) == [b"a", b"bc"]
+    client.seal(name)
+    with pytest.raises(Exception, match="is sealed and takes no more rows"):
+        write()
+    assert client.info(name).length == 4 + 1 + 4 + 2
