@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,3 +127,119 @@ def test_extras_bring_what_the_readme_runs() -> None:
     assert {"run", "test", "s3-deps", "spark-deps"} <= named
     for target in named:
         assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"README names make {target}"
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """deploy/Dockerfile as (INSTRUCTION, arguments), continuation lines joined, comments left out."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in joined.splitlines()
+        if line.strip()
+    ]
+
+
+def docker_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for instruction, args in dockerfile():
+        if instruction == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(args))
+    return env
+
+
+def docker_exec_form(instruction: str) -> list[str]:
+    (args,) = [args for name, args in dockerfile() if name == instruction]
+    if instruction == "HEALTHCHECK":
+        args = args[args.index("CMD ") + len("CMD ") :]
+    return json.loads(args)
+
+
+def test_dockerfile_serves_the_defaults_on_every_interface_with_data_on_a_volume() -> None:
+    instructions = dockerfile()
+    assert instructions[0] == ("FROM", "python:3.11-slim")
+    assert any(name == "RUN" and args.startswith("pip install .") for name, args in instructions)
+    env = docker_env()
+    assert env["SEGSTORE_BIND"].startswith("0.0.0.0:")
+    assert "SEGSTORE_ALLOW_UNAUTHENTICATED" not in env  # an open store is the operator's choice
+    (volume,) = [json.loads(args) for name, args in instructions if name == "VOLUME"]
+    assert volume == [env["SEGSTORE_DATA_DIR"]]
+    assert ("USER", "segstore") in instructions
+    assert docker_exec_form("CMD") == shlex.split(procfile_web())
+    assert "/healthz" in " ".join(docker_exec_form("HEALTHCHECK"))
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "data", ".git"} <= set(ignored)
+
+
+def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
+    """What the image runs, run on this machine (no Docker daemon): its CMD with its ENV serves,
+    and its HEALTHCHECK command passes against it and fails once it is gone."""
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SEGSTORE_")},
+        **docker_env(),
+        "SEGSTORE_DATA_DIR": str(tmp_path / "data"),
+        "SEGSTORE_BIND": f"0.0.0.0:{port}",
+        "SEGSTORE_ALLOW_UNAUTHENTICATED": "1",
+    }
+    command = docker_exec_form("CMD")
+    healthcheck = docker_exec_form("HEALTHCHECK")
+    assert command[0] == healthcheck[0] == "python"
+    command[0] = healthcheck[0] = sys.executable
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode != 0:
+            assert proc.poll() is None, "the image's command exited"
+            assert time.monotonic() < deadline, "the healthcheck did not pass in 60 s"
+            time.sleep(0.2)
+        assert requests.put(f"http://127.0.0.1:{port}/v1/segments/a/0", timeout=5).status_code == 201
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(40)
+    assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode != 0
+
+
+def systemd_unit() -> dict[str, list[tuple[str, str]]]:
+    """deploy/segstore.service as section -> [(key, value)] (keys may repeat)."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = ""
+    for line in (ROOT / "deploy" / "segstore.service").read_text().splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections[current] = []
+        elif line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            sections[current].append((key.strip(), value.strip()))
+    return sections
+
+
+def test_systemd_unit_has_its_state_directory_settings_file_network_and_hardening(tmp_path: Path) -> None:
+    unit = systemd_unit()
+    assert ("Wants", "network-online.target") in unit["Unit"]
+    assert ("After", "network-online.target") in unit["Unit"]
+    service = unit["Service"]
+    values = dict(service)
+    state = "/var/lib/" + values["StateDirectory"]
+    assert ("Environment", f"SEGSTORE_DATA_DIR={state}") in service
+    assert values["EnvironmentFile"].lstrip("-").startswith("/etc/segstore/")
+    for key, value in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("ReadWritePaths", state),
+    ]:
+        assert (key, value) in service, key
+    python, *args = shlex.split(values["ExecStart"])
+    assert python == values["WorkingDirectory"] + "/.venv/bin/python"
+    assert args == shlex.split(procfile_web())[1:]
+    assert ("WantedBy", "multi-user.target") in unit["Install"]
+    # systemd's own check, where systemd is installed: with the paths of this checkout, no warning.
+    if shutil.which("systemd-analyze"):
+        copy = tmp_path / "segstore.service"
+        text = (ROOT / "deploy" / "segstore.service").read_text()
+        copy.write_text(text.replace(values["WorkingDirectory"], str(ROOT)))
+        verified = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True)
+        assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
