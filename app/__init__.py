@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, ops, s3, segments, streams
+from app import auth, chunked_body, errors, inputs, ops, s3, segments, streams
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -23,6 +23,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     store.start()
     app.extensions["segstore"] = store
     errors.register_error_handlers(app)
+    app.before_request(inputs.require_utf8_path)  # first: auth judges names too
     auth.install(app, settings)
     app.register_blueprint(ops.bp)
     app.register_blueprint(segments.bp)

@@ -14,10 +14,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from flask import Request
+from flask import Request, request
 
 from app.errors import InvalidHeader
-from engine import AttributeUpdate, AttributeUpdateType, InvalidArgument, PayloadTooLarge, SegstoreError
+from engine import (
+    AttributeUpdate,
+    AttributeUpdateType,
+    InvalidArgument,
+    InvalidName,
+    PayloadTooLarge,
+    SegstoreError,
+)
 
 INT64_MAX = 2**63 - 1
 # Small JSON bodies (create options, truncate offset, attribute updates) are read whole up to this size.
@@ -28,6 +35,26 @@ _DIGITS = re.compile(r"[0-9]+")
 _SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.IGNORECASE)
+
+
+def path_is_utf8(environ: dict[str, Any]) -> bool:
+    """True when the request path's bytes (``PATH_INFO``, decoded as latin-1 by WSGI) are UTF-8."""
+    try:
+        environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return False
+    return True
+
+
+def require_utf8_path() -> None:
+    """Before every request: names (segments, streams, S3 keys) are UTF-8, so the path must be.
+
+    werkzeug decodes a path with replacement characters, which would make
+    ``a%FF`` and ``a%FE`` one name; such a path is ``InvalidName`` (400) on
+    every surface instead.
+    """
+    if not path_is_utf8(request.environ):
+        raise InvalidName("the request path is not valid UTF-8 (names are UTF-8, percent-encoded in URLs)")
 
 
 def _strip_ows(value: str) -> str:

@@ -370,15 +370,6 @@ _CUSTOM: dict[str, dict[str, dict[str, Handler]]] = {
 }
 
 
-def _path_is_utf8() -> None:
-    """werkzeug decodes the path with replacement characters; a name must be real UTF-8."""
-    raw = request.environ.get("PATH_INFO", "")
-    try:
-        raw.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        raise InvalidName("segment name is not valid UTF-8") from None
-
-
 def _match(form: str, rest: str) -> list[str] | None:
     """The ``{id}`` parts of ``rest`` (the path after the custom method) if it has ``form``, else None."""
     wanted, given = form.split("/"), rest.split("/")
@@ -419,7 +410,6 @@ def _allowed(handlers: dict[str, Handler]) -> list[str]:
 def segment(target: str) -> Response:
     """Dispatch ``{name}`` or ``{name}:{method}[/{id}[/...]]`` to its handler."""
     ops.set_route(_ROUTE)
-    _path_is_utf8()
     name, colon, custom = target.partition(":")
     validate_segment_name(name)
     if not colon:

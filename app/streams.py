@@ -462,9 +462,9 @@ class PlainAppend:
         if not environ.get("CONTENT_TYPE") or any(key in environ for key in _NOT_PLAIN):
             return None
         length = environ.get("CONTENT_LENGTH", "")
-        if not length.isdigit() or not 0 < int(length) <= self.max_bytes:
+        if not length.isdigit() or not 0 < int(length) <= self.max_bytes or not inputs.path_is_utf8(environ):
             return None
-        return path[len(PREFIX) :].encode("latin-1").decode("utf-8", "replace"), int(length)
+        return path[len(PREFIX) :].encode("latin-1").decode("utf-8"), int(length)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         plain = self._plain(environ)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from flask import Request
 from flask.testing import FlaskClient
-from werkzeug.test import EnvironBuilder
+from werkzeug.test import EnvironBuilder, TestResponse
 
 from tests.app.helpers import assert_problem
 
@@ -22,6 +24,23 @@ def test_unicode_and_spaces_are_fine(client: FlaskClient) -> None:
     url = "/v1/segments/sc%C3%A9ne/my%20stream/0"
     assert client.put(url).get_json()["name"] == "scéne/my stream/0"
     assert client.get(url + ":info").status_code == 200
+
+
+def test_a_name_with_an_emoji_part_works_on_every_native_route(client: FlaskClient) -> None:
+    """Names are UTF-8: a 4-byte character (outside the BMP) is a character like any other."""
+    name = "sensors/🌡/0"
+    url = "/v1/segments/" + quote(name, safe="/")
+    created = client.put(url)
+    assert created.status_code == 201 and created.get_json()["name"] == name
+    assert client.post(url, data=b"21.5").get_json() == {"offset": 0, "length": 4}
+    assert client.get(url).data == b"21.5"
+    assert client.get(url, headers={"Range": "bytes=-2"}).data == b".5"
+    listed = client.get("/v1/segments", query_string={"prefix": "sensors/🌡/"}).get_json()
+    assert [s["name"] for s in listed["segments"]] == [name]
+    opened = client.post(url + ":transactions")
+    assert opened.headers["Location"] == f"{url}:transactions/{opened.get_json()['id']}"
+    assert client.post(url + ":seal").get_json()["sealed"] is True
+    assert client.delete(url).status_code == 204
 
 
 @pytest.mark.parametrize(
@@ -59,11 +78,36 @@ def test_names_up_to_1024_bytes_are_fine(client: FlaskClient) -> None:
     assert client.put("/v1/segments/" + "%C3%A9" * 512).status_code == 201
 
 
+def _raw_path(client: FlaskClient, method: str, path: str, body: bytes = b"", **headers: str) -> TestResponse:
+    """A request whose path bytes (``PATH_INFO``, latin-1) are sent as given: the test client would
+    turn a percent-escape that is not UTF-8 into a replacement character first, as gunicorn does not."""
+    environ = EnvironBuilder(path="/", method=method, data=body, headers=headers).get_environ()
+    environ["PATH_INFO"] = path
+    return client.open(Request(environ))
+
+
 def test_a_name_that_is_not_utf8_is_400(client: FlaskClient) -> None:
-    environ = EnvironBuilder(path="/v1/segments/a", method="PUT").get_environ()
-    environ["PATH_INFO"] = "/v1/segments/a\xff"
-    response = client.open(Request(environ))
+    response = _raw_path(client, "PUT", "/v1/segments/a\xff")
     assert "UTF-8" in assert_problem(response, 400, "InvalidName")["detail"]
+
+
+@pytest.mark.parametrize("method", ["PUT", "POST", "GET"])
+def test_a_stream_name_that_is_not_utf8_is_400_not_a_replacement_character(
+    raw_client: FlaskClient, method: str
+) -> None:
+    """Read with replacement characters, a%FF and a%FE were one stream, a\ufffd."""
+    assert raw_client.put("/v1/stream/a%EF%BF%BD", headers={"Content-Type": "text/plain"}).status_code == 201
+    for path in ("/v1/stream/a\xff", "/v1/stream/a\xfe"):  # POST with a Content-Length: the shortcut's case
+        response = _raw_path(raw_client, method, path, b"x", **{"Content-Type": "text/plain"})
+        assert "UTF-8" in assert_problem(response, 400, "InvalidName")["detail"]
+    assert raw_client.get("/v1/stream/a%EF%BF%BD?offset=-1").data == b""
+
+
+def test_an_s3_key_that_is_not_utf8_is_invalid_argument(raw_client: FlaskClient) -> None:
+    assert raw_client.put("/bucket-utf8").status_code == 200
+    refused = _raw_path(raw_client, "PUT", "/bucket-utf8/k\xff", b"x")
+    assert refused.status_code == 400 and b"<Code>InvalidArgument</Code>" in refused.data
+    assert b"<Key>" not in raw_client.get("/bucket-utf8?list-type=2").data
 
 
 def test_a_colon_starts_a_custom_method(raw_client: FlaskClient) -> None:

@@ -235,6 +235,25 @@ def test_empty_objects_and_unusual_keys(s3: Any, bucket: str) -> None:
     assert _code(err) == ("InvalidArgument", 400)
 
 
+def test_keys_with_an_emoji_part_on_every_object_operation(s3: Any, bucket: str) -> None:
+    """Keys are UTF-8 segment names: a 4-byte character is served like any other."""
+    key, copy, multi = "sensors/🌡/0", "sensors/🌡/copy", "sensors/🌡/multi"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"21.5")
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"21.5"
+    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] == 4
+    s3.copy_object(Bucket=bucket, Key=copy, CopySource={"Bucket": bucket, "Key": key})
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=multi)["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key=multi, UploadId=upload_id, PartNumber=1, Body=b"p")["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    s3.complete_multipart_upload(Bucket=bucket, Key=multi, UploadId=upload_id, MultipartUpload=parts)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="sensors/🌡/")
+    assert [o["Key"] for o in listed["Contents"]] == sorted([key, copy, multi])
+    folders = s3.list_objects_v2(Bucket=bucket, Prefix="sensors/", Delimiter="/")["CommonPrefixes"]
+    assert folders == [{"Prefix": "sensors/🌡/"}]
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key}, {"Key": copy}, {"Key": multi}]})
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket)
+
+
 def test_list_objects_v1_with_marker(s3: Any, bucket: str) -> None:
     for key in ("k1", "k2", "k3"):
         s3.put_object(Bucket=bucket, Key=key, Body=b"x")

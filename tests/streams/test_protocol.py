@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from flask.testing import FlaskClient
@@ -34,6 +35,18 @@ def _h(headers: dict[str, str]) -> dict[str, str]:
 
 def data_segment(streams: StreamStore, name: str) -> str:
     return streams._live(name).config.data_segment
+
+
+def test_a_stream_name_with_an_emoji_part(client: FlaskClient) -> None:
+    """Stream names are UTF-8; a 4-byte character is one like any other, forks and the append shortcut too."""
+    name = quote("sensors/🌡", safe="/")
+    created = put(client, name, b"a")
+    assert created.status_code == 201 and created.headers["Location"].endswith("/v1/stream/" + name)
+    assert post(client, name, b"b").status_code == 204  # a Content-Length: the WSGI shortcut
+    assert post(client, name, b"c", Stream_Seq="1").status_code == 204  # through Flask
+    assert client.get(URL + name + "?offset=-1").data == b"abc"
+    assert put(client, "fork-" + name, Stream_Forked_From="/v1/stream/" + name).status_code == 201
+    assert client.get(URL + "fork-" + name + "?offset=-1").data == b"abc"
 
 
 def test_create_is_idempotent_and_conflicts_on_another_configuration(client: FlaskClient) -> None:
