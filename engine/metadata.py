@@ -496,24 +496,67 @@ class Outcome:
     duplicate_of: int | None = None
 
 
-class MetadataUpdater:
-    """One batch's view of the metadata: validate, assign, and stage changes."""
+def _staged_attributes(seg: SegmentMetadata, committed: bool) -> ChainMap[str, int]:
+    """A batch's attribute view of ``seg``, where its own changes go.
 
-    def __init__(self, base: ContainerMetadata) -> None:
+    Over committed values it costs O(1). Over the view of a batch in flight,
+    that batch's changes (and those under them) are merged into one map, so
+    the chain stays three maps long however many batches follow each other.
+    """
+    if committed:
+        return ChainMap({}, seg.attributes)
+    if not isinstance(seg.attributes, ChainMap):  # created by a batch in flight
+        return ChainMap({}, dict(seg.attributes))
+    merged: dict[str, int] = {}
+    for layer in reversed(seg.attributes.maps[:-1]):
+        merged.update(layer)
+    return ChainMap({}, merged, seg.attributes.maps[-1])
+
+
+class MetadataUpdater:
+    """One batch's view of the metadata: validate, assign, and stage changes.
+
+    With several Tier 1 writes in flight a batch is validated on top of the
+    batches before it that are not committed yet: its ``parent`` (and the
+    parent's parent), cut off once the parent's batch is committed.
+    """
+
+    def __init__(self, base: ContainerMetadata, parent: MetadataUpdater | None = None) -> None:
         self.base = base
-        self.seq = base.seq
-        self.next_segment_id = base.next_segment_id
+        self.parent = parent
+        self.seq = base.seq if parent is None else parent.seq
+        self.next_segment_id = base.next_segment_id if parent is None else parent.next_segment_id
         self._segments: dict[int, SegmentMetadata] = {}
         self._names: dict[str, int | None] = {}
 
+    def _staged_id(self, name: str) -> tuple[bool, int | None]:
+        """(True, id or None for a released name) if this batch or one in flight before it named ``name``."""
+        updater: MetadataUpdater | None = self
+        while updater is not None:
+            if name in updater._names:
+                return True, updater._names[name]
+            updater = updater.parent
+        return False, None
+
+    def _staged_segment(self, seg_id: int) -> tuple[SegmentMetadata, bool]:
+        """The newest view of a segment, and whether it is the committed one (else a batch in flight's)."""
+        updater = self.parent
+        while updater is not None:
+            if seg_id in updater._segments:
+                return updater._segments[seg_id], False
+            updater = updater.parent
+        return self.base.segments[seg_id], True
+
     def _lookup(self, name: str) -> SegmentMetadata:
-        seg_id = self._names[name] if name in self._names else self.base.names.get(name)
+        staged, seg_id = self._staged_id(name)
+        if not staged:
+            seg_id = self.base.names.get(name)
         if seg_id is None:
             raise SegmentNotFound(f"segment {name!r} does not exist")
         if seg_id not in self._segments:
-            base = self.base.segments[seg_id]
-            # O(1) copy: the batch's attribute changes shadow the committed ones.
-            self._segments[seg_id] = dataclasses.replace(base, attributes=ChainMap({}, base.attributes))
+            newest, committed = self._staged_segment(seg_id)
+            attributes = _staged_attributes(newest, committed)
+            self._segments[seg_id] = dataclasses.replace(newest, attributes=attributes)
         return self._segments[seg_id]
 
     def segment_info(self, name: str) -> SegmentInfo:
@@ -636,9 +679,11 @@ class MetadataUpdater:
         Eviction changes the committed segment (under the lock held here), so
         its count is read there, not from the batch's copy.
         """
-        committed = self.base.segments[seg.segment_id]
         if key in seg.attributes:
             return seg.attributes[key]
+        committed = self.base.segments.get(seg.segment_id)
+        if committed is None:  # created by a batch still in flight: every value is staged
+            return None
         return committed.attribute(key, preloaded)
 
     def burn_sequence_numbers(self) -> None:

@@ -4,12 +4,26 @@ A Tier 1 log stores whole writes of framed operations and gives them back in
 order on recovery. Addresses are frame sequence numbers. Implementations:
 ``FileDataLog`` (local files, the default), ``ObjectDataLog`` (an object
 store such as S3, fenced by epoch) and ``MemoryDataLog`` (tests, with fault
-injection). Both are blocking; callers go through ``run_blocking``.
+injection).
+
+A write is begun, then written: ``begin`` numbers its frames (so the address
+is known before any I/O) and ``write`` makes it durable. A log may allow
+several writes in flight (``max_writes_in_flight``): they are begun in order,
+written at once, and the caller acknowledges them in begin order, each only
+once every earlier one is durable. After a failed write the caller waits
+until none is running and calls ``abandon``: that write and every one begun
+after it are forgotten, and the next write begins where the failed one did.
+``append`` is the one-at-a-time shorthand (recovery's checkpoint, tests).
+
+Calls are blocking. A ``cooperative`` log does only socket I/O (which gevent
+makes cooperative) and is called in place; the others go through
+``run_blocking``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.durable_log.frames import Batch
@@ -19,19 +33,47 @@ class LogFenced(OSError):
     """A newer writer owns the log: this one must stop and never acknowledge again (never retried)."""
 
 
+@dataclass(slots=True)
+class PendingWrite:
+    """A begun write: its frames are numbered, its bytes encoded, nothing is stored yet."""
+
+    first_frame_seq: int
+    frame_count: int
+    data: bytes = field(repr=False)
+    index: int = 0  # the log's own number for the write (an object log's write number)
+
+
 class DurableDataLog(Protocol):
     """Append-only, durable, truncatable log of writes."""
+
+    max_writes_in_flight: int
+    cooperative: bool
 
     def recover(self) -> Iterator[Batch]:
         """Yield every whole write still in the log, oldest first; cut off a torn tail."""
         ...
 
-    def append(self, payload: bytes) -> tuple[int, int]:
-        """Durably write ``payload`` as one write; returns (first frame seq, frame count).
+    def begin(self, payload: bytes) -> PendingWrite:
+        """Number the frames of the next write of ``payload``; nothing is written yet.
 
-        Raises OSError when the write failed; the log is then as it was before.
-        Raises LogFenced (an OSError) once a newer writer owns the log.
+        Raises OSError when the log cannot take writes (it then stays as it was).
         """
+        ...
+
+    def write(self, pending: PendingWrite) -> None:
+        """Make a begun write durable.
+
+        Raises OSError when it failed (then ``abandon`` it), LogFenced (an
+        OSError) once a newer writer owns the log.
+        """
+        ...
+
+    def abandon(self, pending: PendingWrite) -> None:
+        """Forget ``pending`` and every write begun after it; none of them is running."""
+        ...
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        """Begin and write ``payload`` (abandoned if the write fails); returns (first frame seq, count)."""
         ...
 
     def truncate(self, frame_seq: int) -> int:
@@ -39,3 +81,16 @@ class DurableDataLog(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def write_one(log: DurableDataLog, payload: bytes) -> tuple[int, int]:
+    """``append`` of every binding: begin, write, and abandon the write if it failed."""
+    pending = log.begin(payload)
+    try:
+        log.write(pending)
+    except LogFenced:
+        raise
+    except OSError:
+        log.abandon(pending)
+        raise
+    return pending.first_frame_seq, pending.frame_count

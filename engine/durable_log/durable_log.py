@@ -3,17 +3,26 @@
 Flow ("Information Flow in the Durable Log"): callers ``add`` an operation
 and get a future. The processor thread takes everything queued, validates it
 against the metadata (``MetadataUpdater``: conditions, offsets, sequence
-numbers), serializes the batch and writes it to Tier 1 with one fdatasync
-(group commit: whatever queues while a write is in flight goes into the
-next one). Only when the write is durable does it apply the batch to the
-metadata, the read index and the in-memory operation log, then complete the
-futures. A failed write discards the updater (rollback) and fails its
-callers.
+numbers), serializes the batch and writes it to Tier 1 (group commit:
+whatever queues while writes are in flight goes into the next one). Only
+when a write is durable, and every write before it, does it apply the batch
+to the metadata, the read index and the in-memory operation log, then
+complete the futures.
+
+A Tier 1 log may take several writes at once (``max_writes_in_flight``: an
+object store, where a write takes milliseconds). Each batch is then
+validated on top of the batches still in flight (its updater's parent) and
+written by one of as many writer threads; batches are committed strictly in
+order. When a write fails, the processor waits until none is running, the
+log abandons it and every write begun after it, and all their callers fail:
+the updaters are thrown away (that is the rollback) and their sequence
+numbers are burnt.
 
 Checkpoints: every start, and after ``checkpoint_every_bytes`` of log, a
-batch begins with a ``MetadataCheckpoint``. Recovery replays from the first
-checkpoint in the log; Tier 1 is truncated at the newest checkpoint below the
-storage writer's lowest unflushed sequence number.
+batch begins with a ``MetadataCheckpoint``, written once no write is in
+flight (its snapshot is the committed metadata). Recovery replays from the
+first checkpoint in the log; Tier 1 is truncated at the newest checkpoint
+below the storage writer's lowest unflushed sequence number.
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from engine import operations as ops
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.durable_log.completion import Completion
-from engine.durable_log.data_log import DurableDataLog, LogFenced
+from engine.durable_log.data_log import DurableDataLog, LogFenced, PendingWrite
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog
 from engine.errors import ContainerNotReady, DataCorrupted, SegstoreError, StorageFull
@@ -39,6 +49,8 @@ from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A processor batch stops taking operations past this payload size.
 _BATCH_MAX_BYTES = 16 * 1024 * 1024
@@ -51,8 +63,24 @@ class _Pending:
     queued_at: float
 
 
+@dataclass(slots=True)
+class _Batch:
+    """One processor batch: its requests, what validation made of them, and its Tier 1 write."""
+
+    items: list[_Pending]
+    updater: MetadataUpdater
+    accepted: list[tuple[_Pending, Outcome]] = field(default_factory=list)
+    refused: list[tuple[_Pending, SegstoreError]] = field(default_factory=list)
+    logged: list[ops.Operation] = field(default_factory=list)
+    payload_bytes: int = 0
+    write: PendingWrite | None = None
+    started: float = 0.0
+    done: bool = False
+    error: OSError | None = None
+
+
 class DurableLog:
-    """One container's log of operations: queue, processor, Tier 1, memory log."""
+    """One container's log of operations: queue, processor, Tier 1 writers, memory log."""
 
     def __init__(
         self,
@@ -72,14 +100,25 @@ class DurableLog:
         self.memory_log = OperationLog()
         self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the processor waits here: requests, completed writes
+        self._work = threading.Condition(lock)  # the writer threads wait here: writes to send
+        self._batches: deque[_Batch] = deque()  # begun, not yet committed, in order
+        self._to_write: deque[_Batch] = deque()
+        self._failing = False  # a write failed and its batch is not handled yet
         self._closed = False
+        self._stopping = False
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
+        self._writers: list[threading.Thread] = []
         self._bytes_since_checkpoint = 0
         self._checkpoints: list[tuple[int, int]] = []  # (checkpoint seq, frame address)
         self._truncate_lock = threading.Lock()
         self.last_committed_seq = 0
+
+    def _log_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call the Tier 1 log in place when its I/O is cooperative, else through run_blocking."""
+        return fn(*args) if self.data_log.cooperative else run_blocking(fn, *args)
 
     # ----------------------------------------------------------------- recovery
     def recover(self) -> int:
@@ -89,7 +128,7 @@ class DurableLog:
         """
         replayed = 0
         started = False
-        batches = run_blocking(lambda: list(self.data_log.recover()))
+        batches = self._log_call(lambda: list(self.data_log.recover()))
         for batch in batches:
             for op in ops.decode_all(batch.payload):
                 if isinstance(op, ops.MetadataCheckpoint):
@@ -116,17 +155,21 @@ class DurableLog:
         checkpoint = ops.MetadataCheckpoint(snapshot=self.metadata.snapshot())
         updater.pre_process(checkpoint)
         payload = ops.encode(checkpoint)
-        address, _ = run_blocking(self.data_log.append, payload)
+        address, _ = self._log_call(self.data_log.append, payload)
         self._apply([checkpoint])
         self._checkpoints.append((checkpoint.seq, address))
         self._bytes_since_checkpoint = 0
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"processor-{self.metadata.container_id}", daemon=True
-        )
+        container = self.metadata.container_id
+        self._thread = threading.Thread(target=self._run, name=f"processor-{container}", daemon=True)
         self._thread.start()
+        if self.data_log.max_writes_in_flight > 1:
+            for i in range(self.data_log.max_writes_in_flight):
+                writer = threading.Thread(target=self._write_loop, name=f"tier1-{container}-{i}", daemon=True)
+                writer.start()
+                self._writers.append(writer)
 
     def close(self) -> None:
         with self._cond:
@@ -134,9 +177,14 @@ class DurableLog:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(30)
+        with self._cond:
+            self._stopping = True
+            self._work.notify_all()
+        for writer in self._writers:
+            writer.join(30)
         self._fail_queued(ContainerNotReady("the container is stopping"))
         self.memory_log.close()
-        run_blocking(self.data_log.close)
+        self._log_call(self.data_log.close)
 
     # --------------------------------------------------------------- requests
     def add(self, op: ops.Operation) -> Completion[Outcome]:
@@ -149,18 +197,22 @@ class DurableLog:
             self._cond.notify()
         return future
 
-    def _take_batch(self) -> list[_Pending]:
-        with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            batch: list[_Pending] = []
-            size = 0
-            while self._queue and size < _BATCH_MAX_BYTES:
-                item = self._queue.popleft()
-                if isinstance(item.op, ops.Append):
-                    size += item.op.length
-                batch.append(item)
-            return batch
+    def _may_begin(self) -> bool:
+        """Whether a new batch may begin: room in flight, no failure pending, no checkpoint waiting."""
+        if self._failing or len(self._batches) >= self.data_log.max_writes_in_flight:
+            return False
+        return not (self._batches and self._bytes_since_checkpoint >= self.settings.checkpoint_every_bytes)
+
+    def _take(self) -> list[_Pending]:
+        """Everything queued, up to _BATCH_MAX_BYTES of appends; the caller holds the lock."""
+        items: list[_Pending] = []
+        size = 0
+        while self._queue and size < _BATCH_MAX_BYTES:
+            item = self._queue.popleft()
+            if isinstance(item.op, ops.Append):
+                size += item.op.length
+            items.append(item)
+        return items
 
     def _fail_queued(self, error: SegstoreError) -> None:
         with self._cond:
@@ -170,78 +222,161 @@ class DurableLog:
 
     # -------------------------------------------------------------- processor
     def _run(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if not batch:
-                return  # closed and drained
-            try:
-                self._process(batch)
-                if self._failure:
-                    return
-            except Exception as exc:  # a bug: stop taking writes rather than corrupt
-                log.exception("container %d: processor failed", self.metadata.container_id)
-                self._failure = f"the operation processor failed: {exc}"
-                for item in batch:
+        try:
+            while not self._failure:
+                with self._cond:
+                    while True:
+                        if self._batches and self._batches[0].done:
+                            items = None
+                            break
+                        if self._queue and self._may_begin():
+                            items = self._take()
+                            break
+                        if self._closed and not self._queue and not self._batches:
+                            return  # closed and drained
+                        self._cond.wait()
+                if items is None:
+                    self._commit_done()
+                else:
+                    self._begin(items)
+        except Exception as exc:  # a bug: stop taking writes rather than corrupt
+            log.exception("container %d: processor failed", self.metadata.container_id)
+            self._failure = f"the operation processor failed: {exc}"
+            with self._cond:
+                batches, self._batches = list(self._batches), deque()
+            for batch in batches:
+                for item in batch.items:
                     if not item.future.done():
                         item.future.set_exception(ContainerNotReady(self._failure))
-                self._fail_queued(ContainerNotReady(self._failure))
-                return
+        finally:
+            if self._failure:
+                self._fail_queued(ContainerNotReady(self._failure, retry_after_s=1))
 
-    def _process(self, batch: list[_Pending]) -> None:
-        updater = MetadataUpdater(self.metadata)
+    def _begin(self, items: list[_Pending]) -> None:
+        """Validate a batch on top of those in flight and begin its Tier 1 write."""
+        parent = self._batches[-1].updater if self._batches else None
+        batch = _Batch(items, MetadataUpdater(self.metadata, parent))
         if self._bytes_since_checkpoint >= self.settings.checkpoint_every_bytes:
-            batch.insert(0, _Pending(ops.MetadataCheckpoint(), Completion(), time.monotonic()))
-        accepted: list[tuple[_Pending, Outcome]] = []
-        refused: list[tuple[_Pending, SegstoreError]] = []
-        for item in batch:
+            assert parent is None, "a checkpoint snapshots the committed metadata: nothing may be in flight"
+            items.insert(0, _Pending(ops.MetadataCheckpoint(), Completion(), time.monotonic()))
+        for item in items:
             if isinstance(item.op, ops.MetadataCheckpoint):
                 item.op.snapshot = self.metadata.snapshot()
             try:
-                accepted.append((item, updater.pre_process(item.op)))
+                batch.accepted.append((item, batch.updater.pre_process(item.op)))
             except SegstoreError as error:
-                refused.append((item, error))
-        logged = [item.op for item, outcome in accepted if outcome.logged]
-        if logged:
+                batch.refused.append((item, error))
+        batch.logged = [item.op for item, outcome in batch.accepted if outcome.logged]
+        if batch.logged:
+            payload = b"".join(ops.encode(op) for op in batch.logged)
+            batch.payload_bytes = len(payload)
+            batch.started = time.monotonic()
             try:
-                self._write(logged)
+                batch.write = self.data_log.begin(payload)
             except OSError as exc:
-                updater.burn_sequence_numbers()
-                error: SegstoreError
-                if isinstance(exc, LogFenced):  # stop for good: nothing is acknowledged again
-                    self._failure = f"fenced: {exc}"
-                    error = ContainerNotReady(self._failure, retry_after_s=1)
-                elif exc.errno == errno.ENOSPC:
-                    error = StorageFull(f"Tier 1 is full: {exc.strerror}")
-                else:
-                    error = ContainerNotReady(f"Tier 1 write failed: {exc}", retry_after_s=1)
-                log.error("container %d: %s", self.metadata.container_id, error.detail)
-                for item in batch:
-                    item.future.set_exception(error)
-                if self._failure:
-                    self._fail_queued(ContainerNotReady(self._failure, retry_after_s=1))
+                batch.error = exc
+                self._failing = True
+            else:
+                self._bytes_since_checkpoint += len(payload)
+                if isinstance(batch.logged[0], ops.MetadataCheckpoint):
+                    self._bytes_since_checkpoint = 0
+        with self._cond:
+            self._batches.append(batch)
+            batch.done = batch.write is None
+            if batch.write is not None and self._writers:
+                self._to_write.append(batch)
+                self._work.notify()
+        if batch.write is not None and not self._writers:
+            self._write(batch)
+
+    def _write_loop(self) -> None:
+        """A writer thread: send begun writes to Tier 1 (several at once) until the log closes."""
+        while True:
+            with self._cond:
+                while not self._to_write and not self._stopping:
+                    self._work.wait()
+                if not self._to_write:
+                    return
+                batch = self._to_write.popleft()
+            self._write(batch)
+
+    def _write(self, batch: _Batch) -> None:
+        assert batch.write is not None
+        error: OSError | None = None
+        try:
+            self._log_call(self.data_log.write, batch.write)
+            self.metrics.tier1_write_seconds.observe(time.monotonic() - batch.started)
+        except OSError as exc:
+            error = exc
+        except Exception as exc:  # a bug or corrupt data: the batch fails, the log stops
+            log.exception("container %d: Tier 1 write failed", self.metadata.container_id)
+            error = OSError(errno.EIO, f"Tier 1 write failed: {exc}")
+        with self._cond:
+            batch.error = error
+            batch.done = True
+            if error is not None:
+                self._failing = True
+            self._cond.notify()
+
+    def _commit_done(self) -> None:
+        """Commit the completed batches at the head, in order; a failed one fails all in flight."""
+        while self._batches and self._batches[0].done:
+            batch = self._batches[0]
+            if batch.error is not None:
+                self._fail_in_flight()
                 return
-        self._apply(logged)
+            with self._cond:
+                self._batches.popleft()
+                if self._batches:  # its view of this batch is the committed metadata now
+                    self._batches[0].updater.parent = None
+            self._commit(batch)
+
+    def _commit(self, batch: _Batch) -> None:
+        if batch.write is not None:
+            self.metrics.tier1_write_operations.observe(len(batch.logged))
+            for size in frame_payload_sizes(batch.payload_bytes, self.settings.max_frame_bytes):
+                self.metrics.tier1_frame_bytes.observe(size)
+            first = batch.logged[0]
+            if isinstance(first, ops.MetadataCheckpoint):
+                with self._truncate_lock:
+                    self._checkpoints.append((first.seq, batch.write.first_frame_seq))
+        self._apply(batch.logged)
         now = time.monotonic()
-        for item, outcome in accepted:
+        for item, outcome in batch.accepted:
             self.metrics.observe_latency(item.op, now - item.queued_at)
             item.future.set_result(outcome)
-        for item, error in refused:
+        for item, error in batch.refused:
             item.future.set_exception(error)
 
-    def _write(self, logged: list[ops.Operation]) -> None:
-        payload = b"".join(ops.encode(op) for op in logged)
-        started = time.monotonic()
-        address, _frames = run_blocking(self.data_log.append, payload)
-        self.metrics.tier1_write_seconds.observe(time.monotonic() - started)
-        self.metrics.tier1_write_operations.observe(len(logged))
-        for size in frame_payload_sizes(len(payload), self.settings.max_frame_bytes):
-            self.metrics.tier1_frame_bytes.observe(size)
-        self._bytes_since_checkpoint += len(payload)
-        first = logged[0]
-        if isinstance(first, ops.MetadataCheckpoint):
-            self._bytes_since_checkpoint = 0
-            with self._truncate_lock:
-                self._checkpoints.append((first.seq, address))
+    def _fail_in_flight(self) -> None:
+        """The head batch failed: once no write runs, abandon it and all after it, and fail their callers."""
+        with self._cond:
+            while not all(batch.done for batch in self._batches):
+                self._cond.wait()
+            batches, self._batches = list(self._batches), deque()
+        cause = batches[0].error
+        assert cause is not None
+        fenced = next((b.error for b in batches if isinstance(b.error, LogFenced)), None)
+        error: SegstoreError
+        if fenced is not None:  # stop for good: nothing is acknowledged again
+            self._failure = f"fenced: {fenced}"
+            error = ContainerNotReady(self._failure, retry_after_s=1)
+        else:
+            if batches[0].write is not None:  # else its begin failed, and nothing began after it
+                self._log_call(self.data_log.abandon, batches[0].write)
+            if cause.errno == errno.ENOSPC:
+                error = StorageFull(f"Tier 1 is full: {cause.strerror}")
+            else:
+                error = ContainerNotReady(f"Tier 1 write failed: {cause}", retry_after_s=1)
+        batches[-1].updater.burn_sequence_numbers()
+        if any(b.logged and isinstance(b.logged[0], ops.MetadataCheckpoint) for b in batches):
+            self._bytes_since_checkpoint = self.settings.checkpoint_every_bytes  # the next one leads with it
+        log.error("container %d: %s", self.metadata.container_id, error.detail)
+        for batch in batches:
+            for item in batch.items:
+                item.future.set_exception(error)
+        with self._cond:
+            self._failing = False
 
     def _apply(self, logged: list[ops.Operation]) -> None:
         """Commit durable operations: metadata, read index, memory log, tails."""

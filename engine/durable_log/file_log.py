@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.durable_log import frames
+from engine.durable_log.data_log import PendingWrite, write_one
 from engine.errors import DataCorrupted
 from engine.naming import log_file_name, parse_log_file_name
 
@@ -31,7 +32,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 class FileDataLog:
-    """A folder of append-only log files; blocking, single writer."""
+    """A folder of append-only log files; blocking, single writer, one write in flight."""
+
+    max_writes_in_flight = 1
+    cooperative = False
 
     def __init__(self, folder: Path, *, file_bytes: int, max_frame_bytes: int = 1 << 20) -> None:
         self.folder = Path(folder)
@@ -81,37 +85,47 @@ class FileDataLog:
                 self._size = end
         self._next_seq = expected if expected is not None else 0
 
-    def _open_current(self) -> None:
+    def _open_current(self, first_seq: int) -> None:
         if not self._files or self._size >= self.file_bytes:
-            path = self.folder / log_file_name(self._next_seq)
+            path = self.folder / log_file_name(first_seq)
             self._close_fd()
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _fsync_dir(self.folder)
-            self._files.append((self._next_seq, path))
+            self._files.append((first_seq, path))
             self._size = 0
         elif self._fd is None:
             self._fd = os.open(self._files[-1][1], os.O_WRONLY)
             os.lseek(self._fd, self._size, os.SEEK_SET)
 
-    def append(self, payload: bytes) -> tuple[int, int]:
+    def begin(self, payload: bytes) -> PendingWrite:
         if self._broken:
             raise OSError(f"Tier 1 log is unusable: {self._broken}")
-        self._open_current()
-        assert self._fd is not None
         first = self._next_seq
         buf, count = frames.encode_batch(payload, first, self.max_frame_bytes)
+        self._next_seq += count
+        return PendingWrite(first, count, buf)
+
+    def write(self, pending: PendingWrite) -> None:
+        """Write the frames at the end of the newest file, then fdatasync."""
+        self._open_current(pending.first_frame_seq)
+        assert self._fd is not None
         start = self._size
         try:
-            view = memoryview(buf)
+            view = memoryview(pending.data)
             while view:
                 view = view[os.write(self._fd, view) :]
             os.fdatasync(self._fd)
         except OSError:
             self._undo(start)
             raise
-        self._size += len(buf)
-        self._next_seq += count
-        return first, count
+        self._size += len(pending.data)
+
+    def abandon(self, pending: PendingWrite) -> None:
+        """The failed write was cut off already (``_undo``); its frame numbers are free again."""
+        self._next_seq = pending.first_frame_seq
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        return write_one(self, payload)
 
     def _undo(self, start: int) -> None:
         """Cut a failed write off so the log stays a sequence of whole writes."""

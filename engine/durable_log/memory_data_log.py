@@ -11,10 +11,14 @@ import threading
 from collections.abc import Iterator
 
 from engine.durable_log import frames
+from engine.durable_log.data_log import PendingWrite, write_one
 
 
 class MemoryDataLog:
-    """Frames kept in a list of writes; ``reopen`` shares them with a new instance."""
+    """Frames kept in a list of writes; ``reopen`` shares them with a new instance. One write in flight."""
+
+    max_writes_in_flight = 1
+    cooperative = False
 
     def __init__(self, *, max_frame_bytes: int = 1 << 20, _writes: list[bytes] | None = None):
         self.max_frame_bytes = max_frame_bytes
@@ -43,17 +47,25 @@ class MemoryDataLog:
                 break
         self._next_seq = expected or 0
 
-    def append(self, payload: bytes) -> tuple[int, int]:
+    def begin(self, payload: bytes) -> PendingWrite:
+        first = self._next_seq
+        buf, count = frames.encode_batch(payload, first, self.max_frame_bytes)
+        self._next_seq += count
+        return PendingWrite(first, count, buf)
+
+    def write(self, pending: PendingWrite) -> None:
         self.gate.wait()
         if self.fail_writes:
             self.fail_writes -= 1
             raise self.fail_error
-        first = self._next_seq
-        buf, count = frames.encode_batch(payload, first, self.max_frame_bytes)
-        self.writes.append(buf)
-        self._next_seq += count
+        self.writes.append(pending.data)
         self.appended.set()
-        return first, count
+
+    def abandon(self, pending: PendingWrite) -> None:
+        self._next_seq = pending.first_frame_seq
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        return write_one(self, payload)
 
     def truncate(self, frame_seq: int) -> int:
         freed = 0

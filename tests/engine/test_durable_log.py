@@ -15,6 +15,7 @@ import pytest
 
 from engine import ContainerNotReady, SegmentNotFound, StorageFull, Throttled
 from engine import operations as ops
+from engine.durable_log.data_log import PendingWrite
 from engine.durable_log.frames import iter_batches
 from engine.durable_log.operation_log import OperationLog
 from tests.engine.conftest import Node, logged_operations, wait_until
@@ -30,13 +31,13 @@ class HeldProcessor:
         self.entered = threading.Event()
         self.outcomes: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
-        original = node.data_log.append
+        original = node.data_log.write
 
-        def append(payload: bytes) -> tuple[int, int]:
+        def write(pending: PendingWrite) -> None:
             self.entered.set()
-            return original(payload)
+            original(pending)
 
-        monkeypatch.setattr(node.data_log, "append", append)
+        monkeypatch.setattr(node.data_log, "write", write)
         node.data_log.gate.clear()
 
     def submit(self, key: str, call: Callable[[], Any]) -> None:
