@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from engine.durable_log.object_log import REACH as TIER1_WRITES_IN_FLIGHT_MAX
 from engine.errors import InvalidArgument
 
 MiB = 1024 * 1024
@@ -32,6 +33,8 @@ class Settings:
     bind: str = "127.0.0.1:8080"
     # Tier 1 location: "" (files under <data_dir>/tier1) or s3://bucket/prefix (fenced by epoch).
     tier1: str = ""
+    # Tier 1 on S3: PutObjects in flight per container (local files: one write at a time).
+    tier1_writes_in_flight: int = 4
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -91,6 +94,11 @@ class Settings:
             raise InvalidArgument("setting container_count must be at least 1")
         if self.max_frame_bytes < 4096:
             raise InvalidArgument("setting max_frame_bytes must be at least 4096")
+        if not 1 <= self.tier1_writes_in_flight <= TIER1_WRITES_IN_FLIGHT_MAX:
+            raise InvalidArgument(
+                f"setting tier1_writes_in_flight must lie in [1, {TIER1_WRITES_IN_FLIGHT_MAX}], "
+                f"got {self.tier1_writes_in_flight}"
+            )
         if self.tier1 and self.tier1_s3 is None:
             raise InvalidArgument(f"setting tier1={self.tier1!r}: Tier 1 is local files or s3://bucket/prefix")
         if self.tier1_s3 is not None and self.tier2_s3 is None:

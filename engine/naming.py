@@ -4,6 +4,9 @@
 - ``container_for`` maps a name to a container with a stable hash (BLAKE2b),
   never Python's salted ``hash()``.
 - Tier 1 log files are ``<data>/tier1/c<container>/<first frame seq>.log``.
+  On an object store a container's log is ``c<container>/wal/<write number>``
+  (20 digits), its writers' epochs ``c<container>/epochs/<epoch>`` and the
+  write it starts at after truncation ``c<container>/start/<write number>``.
 - Tier 2 chunks are ``c<container>/<escaped name>.<segment id>/e<epoch>-o<offset>-<nonce>``:
   unique, and carrying the container and the epoch that created them, so no
   epoch ever writes to a chunk another epoch created (seed 002 "Segment
@@ -117,6 +120,19 @@ def _numbered(prefix: str, name: str) -> int | None:
     """The 20-digit number after ``prefix`` that ``name`` is, or None."""
     rest = name.removeprefix(prefix)
     return int(rest) if rest != name and len(rest) == 20 and rest.isdigit() else None
+
+
+def wal_start_prefix(container_id: int) -> str:
+    """Where an object-store Tier 1 log records the write it starts at (written before a truncation)."""
+    return f"c{container_id}/start/"
+
+
+def wal_start_name(container_id: int, write_number: int) -> str:
+    return f"{wal_start_prefix(container_id)}{write_number:020d}"
+
+
+def parse_wal_start_name(container_id: int, name: str) -> int | None:
+    return _numbered(wal_start_prefix(container_id), name)
 
 
 def epoch_prefix(container_id: int) -> str:

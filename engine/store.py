@@ -131,7 +131,12 @@ class SegmentStore:
                 max_frame_bytes=s.max_frame_bytes,
             )
         else:
-            data_log = ObjectDataLog(self._tier1_objects(), container_id, max_frame_bytes=s.max_frame_bytes)
+            data_log = ObjectDataLog(
+                self._tier1_objects(),
+                container_id,
+                max_frame_bytes=s.max_frame_bytes,
+                max_writes_in_flight=s.tier1_writes_in_flight,
+            )
         return SegmentContainer(container_id, s, data_log, self._tier2(), self.metrics)
 
     def _tier1_objects(self) -> ChunkStorage:

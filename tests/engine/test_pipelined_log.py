@@ -1,0 +1,207 @@
+"""The durable log with several Tier 1 writes in flight (an object-store Tier 1).
+
+Batches are validated on top of the batches still in flight, written at
+once, and acknowledged strictly in order; a failed write fails every batch
+begun after it (whether or not its own write landed), and a fence fails all
+of them for good.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from engine import ContainerNotReady, SegmentStore
+from engine import operations as ops
+from engine.container import SegmentContainer
+from engine.durable_log.completion import Completion
+from engine.durable_log.object_log import ObjectDataLog
+from engine.metadata import Outcome
+from engine.metrics import EngineMetrics
+from engine.naming import wal_prefix
+from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageError
+from engine.tier2.memory import MemoryChunkStorage
+from tests.engine.conftest import small_settings, wait_until
+
+W = uuid.UUID(int=7)
+
+
+class GatedWal(MemoryChunkStorage):
+    """Tier 1 objects whose creates take ``delay_s``, wait at a gate while it is closed, or fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = 0
+        self.most_at_once = 0
+        self.delay_s = 0.0
+        self.failing: set[int] = set()  # write numbers whose create fails (before storing)
+        self._running = 0
+        self._count_lock = threading.Lock()
+
+    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+        if not name.startswith(wal_prefix(0)):
+            return super().create(name, data)
+        with self._count_lock:
+            self.entered += 1
+            self._running += 1
+            self.most_at_once = max(self.most_at_once, self._running)
+        try:
+            time.sleep(self.delay_s)
+            self.gate.wait()
+            if int(name.rpartition("/")[2]) in self.failing:
+                raise ChunkStorageError(f"injected failure of {name}")
+            return super().create(name, data)
+        finally:
+            with self._count_lock:
+                self._running -= 1
+
+
+class Pipelined:
+    """One container whose Tier 1 is an object log on ``wal`` taking four writes at once."""
+
+    def __init__(self, wal: GatedWal, tier2: MemoryChunkStorage | None = None) -> None:
+        self.wal = wal
+        self.tier2 = tier2 or MemoryChunkStorage()
+        settings = small_settings(tier1_writes_in_flight=4, flush_threshold_ms=60_000)
+        self.data_log = ObjectDataLog(
+            wal, 0, max_frame_bytes=settings.max_frame_bytes, max_writes_in_flight=4
+        )
+        self.container = SegmentContainer(
+            0, settings, self.data_log, self.tier2, EngineMetrics(CollectorRegistry())
+        )
+        self.store = SegmentStore(settings, containers=[self.container])
+        self.store.start(wait=True)
+
+    def add(self, op: ops.Operation) -> Completion[Outcome]:
+        return self.container.durable_log.add(op)
+
+    def add_in_flight(self, op: ops.Operation) -> Completion[Outcome]:
+        """Queue ``op`` and wait until its Tier 1 write is at the (closed) gate."""
+        entered = self.wal.entered
+        future = self.add(op)
+        wait_until(lambda: self.wal.entered > entered, what="the write at the gate")
+        return future
+
+    def restart(self) -> Pipelined:
+        self.wal.gate.set()
+        self.store.close()
+        return Pipelined(self.wal, self.tier2)
+
+
+@pytest.fixture
+def pipelined() -> Iterator[Pipelined]:
+    node = Pipelined(GatedWal())
+    yield node
+    node.wal.gate.set()
+    node.store.close()
+
+
+def append(name: str, data: bytes, **conditions: Any) -> ops.Append:
+    return ops.Append(name=name, data=data, **conditions)
+
+
+def test_batches_in_flight_are_validated_on_top_of_each_other(pipelined: Pipelined) -> None:
+    pipelined.store.create("s")
+    pipelined.wal.gate.clear()
+    futures = [
+        pipelined.add_in_flight(append("s", b"one", expected_offset=0)),
+        pipelined.add_in_flight(append("s", b"two", expected_offset=3)),
+        pipelined.add_in_flight(ops.CreateSegment(name="t", created=time.time())),
+        pipelined.add_in_flight(append("t", b"new", writer_id=W, event_number=1)),
+        pipelined.add(append("t", b"dup", writer_id=W, event_number=1)),  # waits for room
+    ]
+    time.sleep(0.05)
+    assert not any(f.done() for f in futures)
+    assert pipelined.wal.most_at_once == 4
+    pipelined.wal.gate.set()
+    outcomes = [f.result() for f in futures]
+    assert outcomes[-1].duplicate_of == 1
+    assert pipelined.store.read("s", 0).data == b"onetwo"
+    assert pipelined.store.read("t", 0).data == b"new"
+    restarted = pipelined.restart()
+    assert restarted.store.read("s", 0).data == b"onetwo"
+    assert restarted.store.writer_event_number("t", W) == 1
+    restarted.store.close()
+
+
+def test_many_writers_share_writes_in_flight_and_are_answered_in_order(pipelined: Pipelined) -> None:
+    store = pipelined.store
+    store.create("s")
+    pipelined.wal.delay_s = 0.005  # an object store's latency, scaled down
+    answers: dict[bytes, int] = {}
+    lock = threading.Lock()
+
+    def writer(i: int) -> None:
+        for n in range(20):
+            data = b"<%02d:%02d>" % (i, n)
+            offset = store.append("s", data, writer_id=uuid.UUID(int=i + 1), event_number=n).offset
+            with lock:
+                answers[data] = offset
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    content = store.read("s", 0).data
+    assert len(content) == 7 * len(answers) == 7 * 16 * 20
+    for data, offset in answers.items():
+        assert content[offset : offset + 7] == data
+    assert pipelined.wal.most_at_once > 1
+    restarted = pipelined.restart()
+    assert restarted.store.read("s", 0).data == content
+    restarted.store.close()
+
+
+def test_a_failed_write_fails_the_batches_begun_after_it_even_if_theirs_landed(pipelined: Pipelined) -> None:
+    pipelined.store.create("s")
+    pipelined.store.append("s", b"kept")
+    pipelined.wal.gate.clear()
+    first = pipelined.add_in_flight(append("s", b"one"))
+    pipelined.wal.failing = {pipelined.data_log._next_index}
+    failed = pipelined.add_in_flight(append("s", b"two"))
+    behind = pipelined.add_in_flight(append("s", b"three"))
+    pipelined.wal.gate.set()
+    assert first.result().logged
+    for future in (failed, behind):
+        with pytest.raises(ContainerNotReady, match="Tier 1 write failed"):
+            future.result()
+    pipelined.wal.failing = set()
+    assert pipelined.store.read("s", 0).data == b"keptone"
+    assert pipelined.store.append("s", b"four", expected_offset=7).offset == 7
+    restarted = pipelined.restart()
+    assert restarted.store.read("s", 0).data == b"keptonefour"
+    restarted.store.close()
+
+
+def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: Pipelined) -> None:
+    pipelined.store.create("s")
+    pipelined.store.append("s", b"kept")
+    pipelined.wal.gate.clear()
+    in_flight = [pipelined.add_in_flight(append("s", b"x%d" % i)) for i in range(3)]
+    new_owner = ObjectDataLog(pipelined.wal, 0, max_frame_bytes=4096)
+    recovered = threading.Thread(target=lambda: list(new_owner.recover()))
+    recovered.start()
+    wait_until(lambda: new_owner.epoch > 0, what="the new owner's epoch")
+    time.sleep(0.05)
+    pipelined.wal.gate.set()
+    recovered.join(10)
+    answered = []
+    for future in in_flight:
+        try:
+            future.result()
+            answered.append(True)
+        except ContainerNotReady as exc:
+            assert "fenced" in str(exc)
+            answered.append(False)
+    assert answered == sorted(answered, reverse=True)  # acknowledged in order: a prefix at most
+    with pytest.raises(ContainerNotReady, match="fenced"):
+        pipelined.store.append("s", b"late")
