@@ -85,9 +85,10 @@ def test_zombie_writes_in_flight_that_had_not_landed_are_fenced_and_those_after_
     old.write(w4)
     new, payloads = opened(storage)
     assert payloads == [b"acknowledged"]  # w2 and w4 follow a hole: never acknowledged
-    for late in (w1, w3):
+    for late in (w3, w1):
         with pytest.raises(LogFenced):
             old.write(late)
+        old._fenced = None
     new.append(b"new")
     assert opened(storage)[1] == [b"acknowledged", b"new"]
 
@@ -111,9 +112,10 @@ def test_no_write_of_the_zombie_lands_after_the_fence() -> None:
     old.append(b"acknowledged")
     pending = held(old, *[b"w%d" % i for i in range(REACH)])
     opened(storage)
-    for w in pending:
+    for w in reversed(pending):
         with pytest.raises(LogFenced):
             old.write(w)
+        old._fenced = None  # as a writer that has not seen the others fail yet
     assert opened(storage)[1] == [b"acknowledged"]
 
 
@@ -186,24 +188,49 @@ def test_a_write_landing_after_the_listing_is_kept_and_fenced_after() -> None:
 
 
 def test_a_fence_in_names_a_truncation_freed_is_taken_again() -> None:
-    """The old writer wrote on and truncated while the new owner fenced: the names the new owner
-    took below the log's new start are no fence, which it must notice."""
+    """The old writer wrote on, past the new owner's fence, and truncated while the new owner
+    fenced: the names the new owner took below the log's new start are no fence, which it must
+    notice (else the old writer's next write would land unseen)."""
     storage = StaleListing()
     old, _ = opened(storage, in_flight=1)
     for i in range(4):
         old.append(bytes([i]))
+    count = 4 + 2 * REACH
 
     def write_on_and_truncate() -> None:
-        addresses = [old.append(bytes([i]))[0] for i in range(4, 8)]
-        old.truncate(addresses[2])  # records the new start, then deletes the names below it
+        addresses = [old.append(bytes([i]))[0] for i in range(4, count)]
+        old.truncate(addresses[-2])  # records the new start, then deletes the names below it
 
     storage.after = write_on_and_truncate
     new, payloads = opened(storage)
-    assert payloads == [bytes([6]), bytes([7])]
-    start = new._log_start
-    assert [i for i in wal(storage) if i < start], "the first fence's names below the start are still there"
+    assert payloads == [bytes([count - 2]), bytes([count - 1])]
+    assert [i for i in wal(storage) if i < new._log_start], "the first fence's names below the start stay"
     with pytest.raises(LogFenced):
         old.append(b"late")
+    new.append(b"new")
+    assert opened(storage)[1] == [bytes([count - 2]), bytes([count - 1]), b"new"]
+
+
+def test_a_writer_that_moved_on_during_the_fence_is_fenced_past_where_it_got() -> None:
+    storage = StaleListing()
+    old, _ = opened(storage, in_flight=REACH)
+    old.append(b"listed")
+    pending: list[PendingWrite] = []
+
+    def move_on() -> None:
+        old.append(b"landed during the fence")
+        old.append(b"this one too")
+        pending.extend(held(old, *[b"in flight %d" % i for i in range(REACH)]))
+
+    storage.after = move_on
+    new, payloads = opened(storage)
+    assert payloads == [b"listed", b"landed during the fence", b"this one too"]
+    for late in reversed(pending):  # each lands in a name the fence took (the highest first)
+        with pytest.raises(LogFenced):
+            old.write(late)
+        old._fenced = None  # as a writer that has not seen the others fail yet
+    new.append(b"new")
+    assert opened(storage)[1] == [*payloads, b"new"]
 
 
 def test_a_missing_object_followed_by_a_write_begun_after_it_landed_is_corruption() -> None:
