@@ -38,7 +38,7 @@ class EngineMetrics:
         )
         self.tier1_write_operations = Histogram(
             "segstore_tier1_write_operations",
-            "Operations carried by one Tier 1 write + fdatasync (group commit).",
+            "Operations carried by one Tier 1 write (an fdatasync, or a PutObject on S3): group commit.",
             buckets=_COUNT_BUCKETS,
             registry=registry,
         )
@@ -50,7 +50,7 @@ class EngineMetrics:
         )
         self.tier1_write_seconds = Histogram(
             "segstore_tier1_write_seconds",
-            "Duration of one Tier 1 write + fdatasync.",
+            "Duration of one Tier 1 write (write + fdatasync, or PutObject), from its batch being begun.",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )

@@ -25,10 +25,12 @@ order and the caller acknowledges them in order. Invariants:
 - one writer: a new owner takes every name an older writer could still
   create (``REACH`` names past the lowest name it holds), so each of its
   creates answers "taken" (412) and it stops for good (``LogFenced``);
-- a write is acknowledged only within ``CONFIRM_S`` of its writer having seen
-  no newer epoch, and no name a fence covered is deleted within
-  ``KEEP_FENCE_S`` of that fence, so even a paused writer never acknowledges
-  a create in a name a truncation freed;
+- a truncation records the log's new start before it deletes anything, and
+  no name a fence covered is deleted within ``KEEP_FENCE_S`` of that fence; a
+  writer that has not seen, within ``CONFIRM_S``, that no newer epoch exists
+  looks before it acknowledges, and once there is one it acknowledges only
+  writes at or above the start. So even a writer paused for minutes never
+  acknowledges a create that landed in a name a truncation freed;
 - write numbers are dense from the start; a hole is a write that never
   landed, which only a writer that stopped with writes in flight leaves, and
   then no later write has a base above it; the next owner fills it. Any other
@@ -224,7 +226,9 @@ class ObjectDataLog:
                 continue
             self._fence_top, self._fenced_at = covered, time.monotonic()
             batches = self._read_log(cache)
-            self._confirm(force=True)
+            newer = self._newer_owner(force=True)
+            if newer is not None:
+                raise self._fence_error(newer)
             log.info("container %d: Tier 1 fenced up to %d, epoch %d", self.container_id, covered, self.epoch)
             yield from batches
             return
@@ -417,7 +421,7 @@ class ObjectDataLog:
             while self._completed_below in self._landed:
                 self._entries.append(self._landed.pop(self._completed_below))
                 self._completed_below += 1
-        self._confirm()
+        self._confirm(index)
 
     def _create(self, index: int, data: bytes) -> None:
         """Create write ``index``, settling a taken name: our own earlier attempt, or a newer owner."""
@@ -437,13 +441,13 @@ class ObjectDataLog:
                 raise self._fence_error(got.writer)
             raise self._break(f"{name} holds a write of {got.writer}, not of this writer {self.writer}")
 
-    def _confirm(self, *, force: bool = False) -> None:
-        """Unless done within CONFIRM_S, check that no newer epoch was claimed (else LogFenced)."""
+    def _newer_owner(self, *, force: bool = False) -> Writer | None:
+        """Unless looked for within CONFIRM_S, the writer of a newer epoch claimed in the bucket, or None."""
         if not force and time.monotonic() - self._confirmed_at < CONFIRM_S:
-            return
+            return None
         with self._confirm_lock:
             if not force and time.monotonic() - self._confirmed_at < CONFIRM_S:
-                return
+                return None
             asked = time.monotonic()
             try:
                 newest = max(
@@ -455,10 +459,30 @@ class ObjectDataLog:
                     default=0,
                 )
             except ChunkStorageError as exc:
-                raise self._break(f"could not check for a newer owner: {exc}") from exc
+                raise self._break(f"could not look for a newer owner: {exc}") from exc
             if newest > self.epoch:
-                raise self._fence_error((newest, 0))
+                return (newest, 0)
             self._confirmed_at = asked
+            return None
+
+    def _confirm(self, index: int) -> None:
+        """Before write ``index`` is acknowledged: if a newer owner claimed the log, stop writing.
+
+        The write itself stands if it lies at or above the log's start: the
+        new owner's fence takes every name this writer could still create, so
+        what landed there is in the log it reads. Below the start it landed in
+        a name a truncation freed, which nobody reads: LogFenced.
+        """
+        newer = self._newer_owner()
+        if newer is None:
+            return
+        fenced = self._fence_error(newer)
+        try:
+            start = self._start()
+        except ChunkStorageError as exc:
+            raise self._break(f"could not read the log's start: {exc}") from exc
+        if index < start:
+            raise fenced
 
     def abandon(self, pending: PendingWrite) -> None:
         """Forget ``pending`` and the writes begun after it; the next ``begin`` repairs the log first."""

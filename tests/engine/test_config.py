@@ -167,3 +167,10 @@ def test_port_gives_the_bind_when_nothing_names_one(tmp_path: Path) -> None:
 def test_a_port_that_is_not_a_port_number_is_refused(port: str) -> None:
     with pytest.raises(InvalidArgument, match="PORT"):
         load_settings({"PORT": port})
+
+
+@pytest.mark.parametrize("count", [0, 9])
+def test_tier1_writes_in_flight_lies_within_what_a_fence_covers(count: int) -> None:
+    with pytest.raises(InvalidArgument, match=r"tier1_writes_in_flight must lie in \[1, 8\]"):
+        Settings(tier1_writes_in_flight=count)
+    assert load_settings({"SEGSTORE_TIER1_WRITES_IN_FLIGHT": "8"}).tier1_writes_in_flight == 8

@@ -356,8 +356,28 @@ def test_a_writer_that_did_not_look_for_a_newer_owner_lately_does_before_it_ackn
     ObjectDataLog(storage, C)._new_epoch()  # a new owner claimed its epoch, and is slow to fence
     old.append(b"within CONFIRM_S of the last look")
     monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)
+    old.append(b"landed where the new owner will read it: it stands")
+    with pytest.raises(LogFenced):  # but the writer stops
+        old.append(b"refused")
+
+
+def test_a_paused_writer_never_acknowledges_a_write_in_a_name_a_truncation_freed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"acknowledged")
+    paused = old.begin(b"begun before the pause")
+    new, _ = opened(storage)  # fences, writes on and truncates while the old writer is paused
+    addresses = [new.append(bytes([i]))[0] for i in range(3)]
+    new.truncate(addresses[-1])
+    for name in [n for n in storage.chunks if n.startswith(wal_prefix(C))]:
+        if int(name.rpartition("/")[2]) < new._log_start:
+            del storage.chunks[name]  # KEEP_FENCE_S later: the fence's names are gone too
+    monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)  # the pause outlasted CONFIRM_S
     with pytest.raises(LogFenced):
-        old.append(b"a paused writer's write")
+        old.write(paused)  # its create succeeds, in a freed name
+    assert opened(storage)[1] == [bytes([2])]
 
 
 def test_truncation_records_the_start_then_deletes_below_it() -> None:

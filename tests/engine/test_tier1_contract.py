@@ -177,3 +177,38 @@ def test_the_container_count_is_pinned_in_the_bucket(
     SegmentStore(settings(4, "b"))._pin_container_count_in_tier1()  # a new node, the same count
     with pytest.raises(InvalidArgument, match="container_count=4"):
         SegmentStore(settings(2, "c"))._pin_container_count_in_tier1()
+
+
+def test_a_new_node_takes_the_epoch_from_the_bucket_not_its_folder(
+    moto_endpoint: str, s3_bucket: str, s3_client: Any, tmp_path: Path
+) -> None:
+    """Tier 2 chunk names carry the epoch: a fresh data folder must still start above every earlier one."""
+
+    def node(folder: str) -> SegmentStore:
+        store = SegmentStore(
+            Settings(
+                data_dir=str(tmp_path / folder),
+                tier1=f"s3://{s3_bucket}/t1",
+                tier2=f"s3://{s3_bucket}/t2",
+                s3_endpoint=moto_endpoint,
+                container_count=1,
+            )
+        )
+        store.start(wait=True)
+        return store
+
+    first = node("a")
+    first.create("s")
+    first.append("s", b"flushed by the first node")
+    first.flush()
+    epoch = first._containers[0].metadata.epoch
+    first.close()
+    second = node("b")
+    try:
+        assert second._containers[0].metadata.epoch > epoch
+        assert second.read("s", 0).data == b"flushed by the first node"
+        assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists(), "nothing is kept locally"
+    finally:
+        second.close()
+    chunks = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="t2/")["Contents"]]
+    assert any(f"/e{epoch:010d}-" in key for key in chunks), chunks
