@@ -1,9 +1,10 @@
 """Tier 1 benchmark: the write-ahead log on S3 (moto) against local files, in one run.
 
-``python -m bench.tier1 [--quick] [--repeat N] [--json PATH]`` starts moto and
-two servers as ``make run`` does, one with the default Tier 1 (local files)
-and one with ``SEGSTORE_TIER1``/``SEGSTORE_TIER2`` on moto, and measures each
-repetition on both back to back:
+``python -m bench.tier1 [--quick] [--repeat N] [--in-flight 4[,1...]] [--json PATH]``
+starts moto and servers as ``make run`` does, one with the default Tier 1
+(local files) and one with ``SEGSTORE_TIER1``/``SEGSTORE_TIER2`` on moto per
+``--in-flight`` value (``SEGSTORE_TIER1_WRITES_IN_FLIGHT``; default: the
+setting's default), and measures each repetition on all of them back to back:
 
 (a) appends/s of 100-byte appends from 1, 16 and 64 keep-alive clients in a
     closed loop (``bench.appends``' load generator), operations per Tier 1
@@ -50,6 +51,7 @@ from bench.appends import (
     run_load,
     tier1_metric,
 )
+from engine import Settings
 from tests.conftest import FAKE_AWS_ENV
 from tests.motoserver import MotoServer
 from tests.serverproc import ServerProcess
@@ -101,17 +103,18 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     os.environ.update(FAKE_AWS_ENV)
     with MotoServer(workdir / "moto.log") as moto:
         boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        s3_env = {
-            **SERVER_ENV,
-            **FAKE_AWS_ENV,
-            "SEGSTORE_TIER1": f"s3://{BUCKET}/tier1",
-            "SEGSTORE_TIER2": f"s3://{BUCKET}/tier2",
-            "SEGSTORE_S3_ENDPOINT": moto.url,
-        }
-        servers = {
-            "local": ServerProcess(workdir / "local", env=SERVER_ENV).start(),
-            "s3": ServerProcess(workdir / "s3", env=s3_env).start(),
-        }
+        servers = {"local": ServerProcess(workdir / "local", env=SERVER_ENV).start()}
+        for count in args.in_flight:
+            kind = s3_kind(count)
+            s3_env = {
+                **SERVER_ENV,
+                **FAKE_AWS_ENV,
+                "SEGSTORE_TIER1": f"s3://{BUCKET}/{kind}/tier1",
+                "SEGSTORE_TIER2": f"s3://{BUCKET}/{kind}/tier2",
+                "SEGSTORE_S3_ENDPOINT": moto.url,
+                "SEGSTORE_TIER1_WRITES_IN_FLIGHT": str(count),
+            }
+            servers[kind] = ServerProcess(workdir / kind, env=s3_env).start()
         runs: dict[str, dict[str, list[Any]]] = {kind: {} for kind in servers}
         try:
             for r in range(repeat):
@@ -171,8 +174,12 @@ def _summary(runs: dict[str, dict[str, list[Any]]], moto_ms: list[float], repeat
                 "server_cpu": asdict(Spread.of([x.server_cpu for x in loads])),
             }
         doc[kind] = section
-    pairs = zip(runs["s3"]["small_64"], runs["local"]["small_64"], strict=True)
-    doc["ratio_64"] = asdict(Spread.of([s.requests_per_s / max(x.requests_per_s, 1e-9) for s, x in pairs]))
+    doc["ratio_64"] = {}
+    for kind in runs:
+        if kind != "local":
+            pairs = zip(runs[kind]["small_64"], runs["local"]["small_64"], strict=True)
+            ratios = [s.requests_per_s / max(x.requests_per_s, 1e-9) for s, x in pairs]
+            doc["ratio_64"][kind] = asdict(Spread.of(ratios))
     return doc
 
 
@@ -180,9 +187,13 @@ def render(doc: dict[str, Any]) -> str:
     def show(spread: dict[str, float], fmt: str = "{:,.0f}") -> str:
         return " / ".join(fmt.format(spread[k]) for k in ("min", "median", "max"))
 
-    lines = [f"Tier 1 on S3 (moto) against local files, {doc['repeat']} paired runs, min / median / max"]
+    kinds = [k for k in doc if k == "local" or k.startswith("s3-")]
+    lines = [
+        f"Tier 1 on S3 (moto; s3-N: N PutObjects in flight per container) against local files, "
+        f"{doc['repeat']} paired runs, min / median / max; writes: fdatasyncs or PutObjects"
+    ]
     for name in [f"small_{c}" for c in CONCURRENCY] + ["big"]:
-        for kind in ("local", "s3"):
+        for kind in kinds:
             row = doc[kind][name]
             if name == "big":
                 rate = show(row["mib_per_s"], "{:,.1f}") + " MiB/s"
@@ -193,7 +204,7 @@ def render(doc: dict[str, Any]) -> str:
                 f"{show(row['writes_per_s'])} writes/s, server CPU {show(row['server_cpu'], '{:.2f}')}"
             )
     for clients in LATENCY_CLIENTS:
-        for kind in ("local", "s3"):
+        for kind in kinds:
             row = doc[kind][f"latency_{clients}"]
             lines.append(
                 f"  ack latency, {clients:2} clients, {kind:5}: p50 {show(row['p50_ms'], '{:.2f}')} ms, "
@@ -202,10 +213,22 @@ def render(doc: dict[str, Any]) -> str:
     lines.append(
         f"  moto PutObject: p50 {doc['moto_put_ms']['p50']:.2f} ms, p99 {doc['moto_put_ms']['p99']:.2f} ms"
     )
-    ratio = doc["ratio_64"]
-    verdict = "met" if ratio["median"] >= TARGET_RATIO else "NOT met"
-    lines.append(f"  64 clients, S3 / local: {show(ratio, '{:.2f}')} (target {TARGET_RATIO}: {verdict})")
+    for kind, ratio in doc["ratio_64"].items():
+        verdict = "met" if ratio["median"] >= TARGET_RATIO else "NOT met"
+        shown = show(ratio, "{:.2f}")
+        lines.append(f"  64 clients, {kind} / local: {shown} (target {TARGET_RATIO}: {verdict})")
     return "\n".join(lines)
+
+
+def s3_kind(in_flight: int) -> str:
+    return f"s3-{in_flight}"
+
+
+def _counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",")]
+    if not counts or len(set(counts)) != len(counts) or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"distinct counts of at least 1, not {text!r}")
+    return counts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,6 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=0, help="paired runs (3, quick: 1)")
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary folders go")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    parser.add_argument(
+        "--in-flight",
+        type=_counts,
+        default=[Settings().tier1_writes_in_flight],
+        help="S3 servers to run, by PutObjects in flight per container, e.g. 4,1 (default: the setting's)",
+    )
     args = parser.parse_args(argv)
     return run_in_workdir("segstore-tier1-", args.dir, lambda d: measure(args, d), render, args.json)
 

@@ -4,7 +4,9 @@ It validates names, routes each segment to one of ``container_count``
 containers by a stable hash, and owns the containers' lifecycle: ``start``
 recovers them (in parallel, in the background), ``close`` stops them cleanly.
 It also owns the data directory: an exclusive lock, and a small ``store.json``
-that pins the container count (changing it would re-route every name).
+that pins the container count (changing it would re-route every name). With
+Tier 1 on S3 the data directory holds nothing: ``store.json`` lives in the
+bucket and each container log's fence replaces the lock.
 """
 
 from __future__ import annotations

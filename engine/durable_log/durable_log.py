@@ -54,6 +54,11 @@ T = TypeVar("T")
 
 # A processor batch stops taking operations past this payload size.
 _BATCH_MAX_BYTES = 16 * 1024 * 1024
+# While writes are in flight another begins only once it carries this many bytes of appends, or
+# once the oldest request queued has waited this share of a write's latency: each write costs a
+# request (and CPU), so small appends share writes, while large ones fill several at once.
+_IN_FLIGHT_MIN_BYTES = 1024 * 1024
+_IN_FLIGHT_WAIT_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -111,6 +116,8 @@ class DurableLog:
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
         self._writers: list[threading.Thread] = []
+        self._queued_bytes = 0  # of the appends queued
+        self._write_seconds = 0.0  # moving average of a Tier 1 write's latency
         self._bytes_since_checkpoint = 0
         self._checkpoints: list[tuple[int, int]] = []  # (checkpoint seq, frame address)
         self._truncate_lock = threading.Lock()
@@ -194,6 +201,8 @@ class DurableLog:
             if self._closed or self._failure:
                 raise ContainerNotReady(self._failure or "the container is stopping")
             self._queue.append(_Pending(op, future, time.monotonic()))
+            if isinstance(op, ops.Append):
+                self._queued_bytes += op.length
             self._cond.notify()
         return future
 
@@ -202,6 +211,12 @@ class DurableLog:
         if self._failing or len(self._batches) >= self.data_log.max_writes_in_flight:
             return False
         return not (self._batches and self._bytes_since_checkpoint >= self.settings.checkpoint_every_bytes)
+
+    def _wait_to_begin(self) -> float:
+        """Seconds until the queued requests are worth a write besides those in flight (<= 0: now)."""
+        if not self._batches or self._closed or self._queued_bytes >= _IN_FLIGHT_MIN_BYTES:
+            return 0.0
+        return self._queue[0].queued_at + _IN_FLIGHT_WAIT_SHARE * self._write_seconds - time.monotonic()
 
     def _take(self) -> list[_Pending]:
         """Everything queued, up to _BATCH_MAX_BYTES of appends; the caller holds the lock."""
@@ -212,6 +227,7 @@ class DurableLog:
             if isinstance(item.op, ops.Append):
                 size += item.op.length
             items.append(item)
+        self._queued_bytes -= size
         return items
 
     def _fail_queued(self, error: SegstoreError) -> None:
@@ -229,12 +245,13 @@ class DurableLog:
                         if self._batches and self._batches[0].done:
                             items = None
                             break
-                        if self._queue and self._may_begin():
+                        wait = self._wait_to_begin() if self._queue and self._may_begin() else None
+                        if wait is not None and wait <= 0:
                             items = self._take()
                             break
                         if self._closed and not self._queue and not self._batches:
                             return  # closed and drained
-                        self._cond.wait()
+                        self._cond.wait(wait)
                 if items is None:
                     self._commit_done()
                 else:
@@ -303,15 +320,19 @@ class DurableLog:
     def _write(self, batch: _Batch) -> None:
         assert batch.write is not None
         error: OSError | None = None
+        took: float | None = None
         try:
             self._log_call(self.data_log.write, batch.write)
-            self.metrics.tier1_write_seconds.observe(time.monotonic() - batch.started)
+            took = time.monotonic() - batch.started
+            self.metrics.tier1_write_seconds.observe(took)
         except OSError as exc:
             error = exc
         except Exception as exc:  # a bug or corrupt data: the batch fails, the log stops
             log.exception("container %d: Tier 1 write failed", self.metadata.container_id)
             error = OSError(errno.EIO, f"Tier 1 write failed: {exc}")
         with self._cond:
+            if took is not None:
+                self._write_seconds += 0.2 * (took - self._write_seconds)
             batch.error = error
             batch.done = True
             if error is not None:
@@ -422,7 +443,7 @@ class DurableLog:
                 return 0
             seq, address = usable[-1]
             self._checkpoints = [c for c in self._checkpoints if c[0] >= seq]
-        freed = run_blocking(self.data_log.truncate, address)
+        freed = self._log_call(self.data_log.truncate, address)
         if freed:
             log.debug("container %d: Tier 1 truncated at checkpoint %d, %d bytes freed",
                       self.metadata.container_id, seq, freed)

@@ -205,3 +205,21 @@ def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: 
     assert answered == sorted(answered, reverse=True)  # acknowledged in order: a prefix at most
     with pytest.raises(ContainerNotReady, match="fenced"):
         pipelined.store.append("s", b"late")
+
+
+def test_small_appends_wait_for_half_a_write_s_latency_before_another_write(pipelined: Pipelined) -> None:
+    """Each write is a request: while one is in flight, another begins only once it carries 1 MiB of
+    appends or its oldest request has waited half a write's latency (here: ten seconds)."""
+    pipelined.store.create("s")
+    pipelined.wal.gate.clear()
+    first = pipelined.add_in_flight(append("s", b"first"))
+    entered = pipelined.wal.entered
+    pipelined.container.durable_log._write_seconds = 20.0
+    small = pipelined.add(append("s", b"small"))
+    time.sleep(0.1)
+    assert pipelined.wal.entered == entered  # the small one waits
+    big = pipelined.add(append("s", b"B" * (1 << 20)))
+    wait_until(lambda: pipelined.wal.entered == entered + 1, what="a write carrying 1 MiB")
+    pipelined.wal.gate.set()
+    assert [f.result().logged for f in (first, small, big)] == [True, True, True]
+    assert pipelined.store.info("s").length == 10 + (1 << 20)
