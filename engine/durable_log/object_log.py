@@ -87,6 +87,8 @@ CONFIRM_S = 10.0
 KEEP_FENCE_S = 120.0
 # How often recovery looks at the log again when an old writer moved on meanwhile.
 _RECOVERY_ATTEMPTS = 50
+# Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
+_READERS = 16
 
 Writer = tuple[int, int]  # (epoch, generation), compared as a tuple
 
@@ -194,6 +196,37 @@ class ObjectDataLog:
             return decode_object(name, self.storage.read(ChunkHandle(name, read_only=True), 0, size))
         except ChunkNotFound:
             return None
+
+    def _fetch(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
+        """Read the objects of ``indexes`` missing from ``cache`` into it, several at once."""
+        todo = [index for index in indexes if index not in cache]
+        pending = iter(todo)
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            while True:
+                with lock:
+                    index = None if errors else next(pending, None)
+                if index is None:
+                    return
+                try:
+                    got = self._get(index, sizes.get(index))
+                except BaseException as exc:  # handed to the caller below
+                    with lock:
+                        errors.append(exc)
+                    return
+                if got is not None:
+                    with lock:
+                        cache[index] = got
+
+        readers = [threading.Thread(target=read, daemon=True) for _ in range(min(_READERS, len(todo)))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        if errors:
+            raise errors[0]
 
     def _batches(self, index: int, body: bytes, first_seq: int | None) -> list[frames.Batch]:
         try:
@@ -315,11 +348,7 @@ class ObjectDataLog:
 
     def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> None:
         """A hole must be a write that never landed: no later write was begun after it was in the bucket."""
-        for index in sorted(names):
-            if index > holes[0] and index not in cache:
-                got = self._get(index, names[index])
-                if got is not None:
-                    cache[index] = got
+        self._fetch([index for index in names if index > holes[0]], names, cache)
         for hole in holes:
             if any(obj.base > hole for index, obj in cache.items() if index > hole):
                 missing = self._name(hole)
@@ -332,12 +361,13 @@ class ObjectDataLog:
             start = (markers or [0])[-1]
             listed = self._listed()
             names = sorted(index for index in listed if index >= start)
+            self._fetch(names, listed, cache)
             batches: list[frames.Batch] = []
             entries: list[tuple[int, int | None, int]] = []
             expected: int | None = None
             top: Writer = (0, 0)
             for position, index in enumerate(names):
-                got = cache.get(index) or self._get(index, listed[index])
+                got = cache.get(index)
                 if got is None or index != start + position:
                     if self._start() != start:
                         break  # truncated since the listing: list again
