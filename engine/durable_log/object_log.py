@@ -85,8 +85,10 @@ REACH = 8
 CONFIRM_S = 10.0
 # ...and an owner deletes no name its fence covered within this long of the fence.
 KEEP_FENCE_S = 120.0
-# How often recovery looks at the log again when an old writer moved on meanwhile.
+# How often recovery looks at the log again when an old writer moved on meanwhile, and how far
+# past the log's end its fence may aim (the distance doubles each time the old writer gets there first).
 _RECOVERY_ATTEMPTS = 50
+_FENCE_AHEAD_MAX = 1024
 # Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
 _READERS = 16
 
@@ -253,9 +255,11 @@ class ObjectDataLog:
         """
         self.epoch, self.generation = self._new_epoch(), 0
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
+        ahead = REACH + 1
         for _ in range(_RECOVERY_ATTEMPTS):
-            covered = self._fence(cache)
+            covered = self._fence(cache, ahead)
             if covered is None:
+                ahead = min(2 * ahead, _FENCE_AHEAD_MAX)
                 continue
             self._fence_top, self._fenced_at = covered, time.monotonic()
             batches = self._read_log(cache)
@@ -290,15 +294,15 @@ class ObjectDataLog:
                 self.storage.delete(epoch_name(self.container_id, old))
             return epoch
 
-    def _fence(self, cache: dict[int, WalObject]) -> int | None:
+    def _fence(self, cache: dict[int, WalObject], ahead: int) -> int | None:
         """Take every name an older writer could still create; the highest name covered, or None to retry.
 
-        With ``top`` the highest name listed: claim ``top + REACH + 1`` (past
-        anything an old writer with writes in flight reaches before one of
-        them completes), fill the names between, and the names up to
-        ``REACH`` past the lowest we hold (the writer may have moved on while
-        we filled), then the holes below ``top`` once they are known to be
-        writes that never landed.
+        With ``top`` the highest name listed: claim ``top + ahead`` (at first
+        ``REACH + 1``: past anything an old writer with writes in flight
+        reaches before one of them completes), fill the names between, and
+        the names up to ``REACH`` past the lowest we hold (the writer may have
+        moved on while we filled), then the holes below ``top`` once they are
+        known to be writes that never landed.
         """
         start = self._start()
         names = {index: size for index, size in self._listed().items() if index >= start}
@@ -309,9 +313,9 @@ class ObjectDataLog:
         top = max(names, default=start - 1)
         holes = [index for index in range(start, top) if index not in names]
         base = holes[0] if holes else top + 1
-        fence = top + REACH + 1
+        fence = top + ahead
         if not self._claim(fence, base, cache):
-            return None  # the old writer is past our fence already: look again
+            return None  # the old writer got there first: look again, and aim further
         held = [fence] + [index for index in range(fence - 1, top, -1) if self._claim(index, base, cache)]
         lowest = min(held)
         for index in range(fence + 1, lowest + REACH):

@@ -422,3 +422,41 @@ def test_epochs_grow_and_only_the_newest_claim_stays() -> None:
     assert epochs == sorted(set(epochs))
     claims = [n for n in storage.chunks if n.startswith(epoch_prefix(C))]
     assert claims == [f"{epoch_prefix(C)}{epochs[-1]:020d}"]
+
+
+class BusyOldWriter(MemoryChunkStorage):
+    """After each of its first ``rounds`` listings of the log, the old writer gets ``burst`` writes in."""
+
+    old: ObjectDataLog | None = None
+    rounds = 0
+    burst = 3
+    written: list[bytes] = []
+
+    def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
+        listed = list(super().list(prefix))
+        if self.old is not None and self.rounds and prefix == wal_prefix(C):
+            self.rounds -= 1
+            for _ in range(self.burst):
+                payload = b"busy %d" % len(self.written)
+                try:
+                    self.old.append(payload)
+                except LogFenced:
+                    self.old = None
+                    break
+                self.written.append(payload)
+        return iter(listed)
+
+
+@pytest.mark.parametrize("burst", [3, 40])
+def test_a_busy_old_writer_is_fenced_by_aiming_further_ahead(burst: int) -> None:
+    storage = BusyOldWriter()
+    old, _ = opened(storage, in_flight=1)
+    old.append(b"before")
+    storage.old, storage.rounds, storage.burst, storage.written = old, 100, burst, []
+    new, payloads = opened(storage)  # the old writer is busier than recovery is patient
+    assert payloads == [b"before", *storage.written]  # every write the old writer got in is kept
+    assert storage.old is None  # it met the fence while recovery went on
+    with pytest.raises(LogFenced):
+        old.append(b"after the fence")
+    new.append(b"new")
+    assert opened(storage)[1] == [b"before", *storage.written, b"new"]
