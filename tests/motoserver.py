@@ -55,7 +55,7 @@ class MotoServer:
             try:
                 requests.get(self.url + "/moto-api/", timeout=1)
                 return True
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening, or busy starting
                 time.sleep(0.05)
         self.stop()
         return False

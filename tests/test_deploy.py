@@ -87,7 +87,7 @@ def test_procfile_serves_on_port_without_the_venv_on_path(tmp_path: Path) -> Non
             try:
                 if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening, or busy starting
                 time.sleep(0.1)
         assert requests.put(f"http://127.0.0.1:{port}/v1/segments/a/0", timeout=5).status_code == 201
     finally:
