@@ -7,6 +7,8 @@
   On an object store a container's log is ``c<container>/wal/<write number>``
   (20 digits), its writers' epochs ``c<container>/epochs/<epoch>`` and the
   write it starts at after truncation ``c<container>/start/<write number>``.
+- A cluster keeps ``cluster.json``, ``nodes/<node id>`` and
+  ``leases/<container, 5 digits>`` under its prefix (docs/cluster.md).
 - Tier 2 chunks are ``c<container>/<escaped name>.<segment id>/e<epoch>-o<offset>-<nonce>``:
   unique, and carrying the container and the epoch that created them, so no
   epoch ever writes to a chunk another epoch created (seed 002 "Segment
@@ -146,6 +148,45 @@ def epoch_name(container_id: int, epoch: int) -> str:
 
 def parse_epoch_name(container_id: int, name: str) -> int | None:
     return _numbered(epoch_prefix(container_id), name)
+
+
+CLUSTER_RECORD = "cluster.json"
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def validate_node_id(node_id: str) -> str:
+    """Return ``node_id`` if it can name a cluster node (it becomes an object name), else ValueError."""
+    if not _NODE_ID.match(node_id):
+        raise ValueError(f"a node id is 1 to 63 of [A-Za-z0-9_.-], first a letter or digit: {node_id!r}")
+    return node_id
+
+
+def node_prefix() -> str:
+    """Where cluster nodes announce themselves (a register per node)."""
+    return "nodes/"
+
+
+def node_register_name(node_id: str) -> str:
+    return f"{node_prefix()}{validate_node_id(node_id)}"
+
+
+def parse_node_register_name(name: str) -> str | None:
+    rest = name.removeprefix(node_prefix())
+    return rest if rest != name and _NODE_ID.match(rest) else None
+
+
+def lease_prefix() -> str:
+    """Where the leases of a cluster's containers live (a register per container)."""
+    return "leases/"
+
+
+def lease_register_name(container_id: int) -> str:
+    return f"{lease_prefix()}{container_id:05d}"
+
+
+def parse_lease_register_name(name: str) -> int | None:
+    rest = name.removeprefix(lease_prefix())
+    return int(rest) if rest != name and len(rest) == 5 and rest.isdigit() else None
 
 
 def log_file_name(first_frame_seq: int) -> str:

@@ -180,9 +180,9 @@ class S3ChunkStorage:
             try:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
             except ClientError as exc:
-                if _code(exc) != "PreconditionFailed" and _status(exc) != 412:
+                if error_code(exc) != "PreconditionFailed" and error_status(exc) != 412:
                     raise
-                if not (_retried(exc) and self._holds(name, data)):
+                if not (was_retried(exc) and self._holds(name, data)):
                     raise ChunkExists(f"chunk {name!r} exists") from None
         return ChunkHandle(name, read_only=False)
 
@@ -225,7 +225,7 @@ class S3ChunkStorage:
                     Range=f"bytes={offset}-{offset + length - 1}",
                 )
             except ClientError as exc:
-                if _code(exc) == "InvalidRange":
+                if error_code(exc) == "InvalidRange":
                     return None
                 raise
 
@@ -363,10 +363,10 @@ def _translated(what: str, name: str) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        code = _code(exc)
+        code = error_code(exc)
         if code in ("NoSuchKey", "NotFound", "404"):
             raise ChunkNotFound(f"no chunk {name!r}") from exc
-        raise ChunkStorageError(f"S3 {what} {name!r} failed: {code or _status(exc)}: {exc}") from exc
+        raise ChunkStorageError(f"S3 {what} {name!r} failed: {code or error_status(exc)}: {exc}") from exc
     except ParamValidationError:
         raise
     except BotoCoreError as exc:
@@ -391,14 +391,14 @@ def _body(answer: dict[str, Any]) -> bytes:
         body.close()
 
 
-def _code(exc: ClientError) -> str:
+def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def _status(exc: ClientError) -> int | None:
+def error_status(exc: ClientError) -> int | None:
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
-def _retried(exc: ClientError) -> bool:
+def was_retried(exc: ClientError) -> bool:
     """Whether botocore retried the request before this answer (an earlier attempt may have landed)."""
     return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0

@@ -11,9 +11,13 @@ from engine.naming import (
     container_chunk_prefix,
     container_for,
     layout_key,
+    lease_register_name,
     log_file_name,
+    node_register_name,
     parse_chunk_name,
+    parse_lease_register_name,
     parse_log_file_name,
+    parse_node_register_name,
 )
 
 FORBIDDEN = [chr(c) for c in range(0x20)] + ["\x7f", ":", "#", "?", "\\", "%"]
@@ -157,3 +161,14 @@ def test_layout_keys_escape_names_and_stay_out_of_container_prefixes() -> None:
     assert layout_key("a") != layout_key("b")
     for key in (layout_key("c0"), layout_key("c0/s")):
         assert not any(key.startswith(container_chunk_prefix(c)) for c in range(16))
+
+
+def test_cluster_register_names_round_trip_and_node_ids_are_checked() -> None:
+    assert lease_register_name(7) == "leases/00007"
+    assert parse_lease_register_name("leases/00007") == 7
+    assert parse_lease_register_name("leases/7") is None
+    assert node_register_name("node-1.a") == "nodes/node-1.a"
+    assert parse_node_register_name("nodes/node-1.a") == "node-1.a"
+    for bad in ("", "-x", "a/b", "a b", "x" * 64):
+        with pytest.raises(ValueError):
+            node_register_name(bad)

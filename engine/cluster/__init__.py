@@ -1,0 +1,1 @@
+"""Running containers on several nodes: leases in the bucket (docs/cluster.md)."""

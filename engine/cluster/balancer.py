@@ -1,0 +1,64 @@
+"""Which containers a node claims or hands over: Pravega's balancer rule, decided locally.
+
+Seed 000 ("Segment Container Manager") balances containers so that the
+counts of any two live nodes differ by at most one. segstore has no
+controller: every node applies the same rule to the same view of the leases
+and acts only for itself, one step at a time:
+
+- a node claims free containers while it holds the fewest of all live nodes
+  and fewer than its fair share rounded up; a container left free for a
+  whole lease (its rightful claimer is slow or stuck) goes to any node below
+  that share;
+- while some node holds two or more fewer than the most loaded one, the most
+  loaded node (the first by id among equals) hands one container over.
+
+Views of different nodes may briefly differ; conflicting claims are settled
+by the lease's compare-and-set, and the rule converges once views agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    claim: tuple[int, ...] = ()
+    release: tuple[int, ...] = ()
+
+
+def plan(
+    me: str,
+    live: Set[str],
+    owners: Mapping[int, str],
+    free: Set[int],
+    container_count: int,
+    long_free: Set[int] = frozenset(),
+) -> Plan:
+    """What ``me`` should claim or release now.
+
+    ``live``: the live nodes (``me`` among them); ``owners``: containers held
+    under a live lease by a live node; ``free``: containers nobody holds
+    (unowned, released, or stale); ``long_free``: those of them free for a
+    whole lease already.
+    """
+    assert me in live, (me, live)
+    assert not free & owners.keys(), "a container is free or owned, not both"
+    assert long_free <= free, "a container free for long is free"
+    counts = {node: 0 for node in live}
+    for owner in owners.values():
+        if owner in counts:
+            counts[owner] += 1
+    fair_ceiling = -(-container_count // len(live))
+    fewest = min(counts.values())
+    mine = counts[me]
+    if free and mine == fewest and mine < fair_ceiling:
+        return Plan(claim=tuple(sorted(free)[: fair_ceiling - mine]))
+    if long_free and mine < fair_ceiling:
+        return Plan(claim=tuple(sorted(long_free)[: fair_ceiling - mine]))
+    most = max(counts.values())
+    if most - fewest > 1 and me == min(node for node, count in counts.items() if count == most):
+        held = sorted(container for container, owner in owners.items() if owner == me)
+        return Plan(release=(held[-1],))
+    return Plan()

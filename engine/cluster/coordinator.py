@@ -1,0 +1,312 @@
+"""A node's part in the cluster: heartbeat, leases, and starting and stopping its containers.
+
+Seed 000 ("Integration with Controller", "Segment Container Manager"): a node
+runs the containers assigned to it, starts them on assignment, stops them on
+unassignment, and never restarts a failed one by itself. segstore assigns
+with leases in the bucket instead of a controller (docs/cluster.md); each
+node runs ``Coordinator.tick`` every third of ``lease_s``:
+
+1. give up every container whose lease it could not renew in time (before
+   ``lease_s`` minus a margin since the start of its last successful renewal);
+2. renew its node record (the heartbeat) and the leases it holds;
+3. read every node record and lease, and apply the balancer's plan: hand
+   over (stop the container, then release the lease) or claim (win the
+   lease, then start the container, whose recovery fences the old Tier 1
+   writer).
+
+Invariant: a container is held by at most one node at any instant
+(``holds``), provided the nodes' clocks run at the same rate within the
+margin; Tier 1's fence keeps acknowledged data safe even if they do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.cluster import balancer
+from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
+from engine.cluster.registers import RegisterConflict, RegisterError, Registers
+from engine.naming import (
+    CLUSTER_RECORD,
+    lease_prefix,
+    lease_register_name,
+    node_prefix,
+    node_register_name,
+    parse_lease_register_name,
+    parse_node_register_name,
+    validate_node_id,
+)
+
+log = logging.getLogger(__name__)
+
+# A holder gives a container up this share of lease_s before an observer may call its lease stale.
+MARGIN_SHARE = 0.2
+
+
+class ClusterMismatch(Exception):
+    """This node's settings contradict the cluster it joins (its container count)."""
+
+
+class ContainerHost(Protocol):
+    """What the coordinator starts and stops: the node's segment containers."""
+
+    def start_container(self, container: int) -> None:
+        """Begin serving ``container`` (recovery fences its previous owner's Tier 1 writer)."""
+        ...
+
+    def stop_container(self, container: int) -> None:
+        """Stop taking requests for ``container``, finish what is in flight, and return."""
+        ...
+
+
+@dataclass(slots=True)
+class _Held:
+    record: LeaseRecord
+    version: str
+    renewed_at: float  # monotonic, at the start of the last write of the lease that succeeded
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What this node last saw: live nodes' URLs and the owner of each owned container."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    owners: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Observed:
+    nodes: dict[str, NodeRecord]
+    leases: dict[int, tuple[LeaseRecord, str]]
+
+
+class Coordinator:
+    """One node's leases and heartbeat over ``registers``; ``host`` runs the containers."""
+
+    def __init__(
+        self,
+        registers: Registers,
+        *,
+        node_id: str,
+        url: str,
+        container_count: int,
+        host: ContainerHost,
+        lease_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert container_count >= 1 and lease_s > 0
+        self.registers = registers
+        self.node_id = validate_node_id(node_id)
+        self.container_count = container_count
+        self.host = host
+        self.lease_s = lease_s
+        self.clock = clock
+        self._node = NodeRecord(node_id, url)
+        self._node_version: str | None = None
+        self._observer = Observer(lease_s)
+        self._held: dict[int, _Held] = {}
+        self._free_since: dict[int, float] = {}
+        self._view = ClusterView()
+        self._lock = threading.RLock()
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.lease_s / 3
+
+    # ------------------------------------------------------------ queries
+    def holds(self, container: int) -> bool:
+        """Whether this node holds ``container``'s lease now (and so may serve it)."""
+        held = self._held.get(container)
+        return held is not None and self.clock() < self._deadline(held)
+
+    def held(self) -> list[int]:
+        return sorted(c for c in list(self._held) if self.holds(c))
+
+    def view(self) -> ClusterView:
+        return self._view
+
+    def _deadline(self, held: _Held) -> float:
+        return held.renewed_at + self.lease_s * (1 - MARGIN_SHARE)
+
+    # ------------------------------------------------------------ joining and leaving
+    def join(self) -> None:
+        """Check or write ``cluster.json`` and announce this node; ClusterMismatch if they disagree."""
+        record = self.registers.read(CLUSTER_RECORD)
+        if record is None:
+            try:
+                self.registers.create(CLUSTER_RECORD, ClusterRecord(self.container_count).encode())
+            except RegisterConflict:
+                record = self.registers.read(CLUSTER_RECORD)
+        if record is not None:
+            found = ClusterRecord.decode(CLUSTER_RECORD, record.data).containers
+            if found != self.container_count:
+                raise ClusterMismatch(
+                    f"the cluster has {found} containers, this node is set up for {self.container_count}"
+                )
+        self._beat()
+
+    def leave(self) -> None:
+        """Hand every container over cleanly and mark this node as leaving."""
+        with self._lock:
+            for container in sorted(self._held):
+                self._release(container)
+            self._node = self._node.next_beat(leaving=True)
+            self._write_node()
+
+    # ------------------------------------------------------------ the round
+    def tick(self) -> None:
+        """One round: give up expired leases, heartbeat, renew, observe, balance."""
+        with self._lock:
+            self._give_up_expired()
+            self._beat()
+            self._renew()
+            try:
+                seen = self._observe()
+            except RegisterError as exc:
+                log.warning("node %s cannot see the cluster: %s", self.node_id, exc)
+                return
+            self._balance(seen)
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every third of ``lease_s`` until ``stop`` is set; a failed round is logged and retried."""
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("cluster round of node %s failed", self.node_id)
+            stop.wait(self.renew_every_s)
+
+    def _give_up_expired(self) -> None:
+        now = self.clock()
+        for container, held in sorted(self._held.items()):
+            if now >= self._deadline(held):
+                self._lose(container, "its lease could not be renewed in time")
+
+    def _lose(self, container: int, why: str) -> None:
+        log.warning("node %s stops container %d: %s", self.node_id, container, why)
+        del self._held[container]
+        self.host.stop_container(container)
+
+    def _beat(self) -> None:
+        self._node = self._node.next_beat()
+        self._write_node()
+
+    def _write_node(self) -> None:
+        name = node_register_name(self.node_id)
+        try:
+            if self._node_version is None:
+                current = self.registers.read(name)
+                if current is None:
+                    self._node_version = self.registers.create(name, self._node.encode())
+                    return
+                self._node_version = current.version
+            self._node_version = self.registers.replace(name, self._node.encode(), self._node_version)
+        except RegisterConflict:
+            self._node_version = None  # written by an earlier run of this node: read it again next round
+        except RegisterError as exc:
+            log.warning("node %s heartbeat failed: %s", self.node_id, exc)
+
+    def _renew(self) -> None:
+        for container, held in sorted(self._held.items()):
+            if self.clock() - held.renewed_at < self.renew_every_s:
+                continue
+            started = self.clock()
+            record = held.record.renewed()
+            name = lease_register_name(container)
+            try:
+                version = self.registers.replace(name, record.encode(), held.version)
+            except RegisterConflict:
+                self._lose(container, "its lease was taken")
+                continue
+            except RegisterError as exc:
+                log.warning("node %s could not renew container %d's lease: %s", self.node_id, container, exc)
+                continue
+            self._held[container] = _Held(record, version, started)
+
+    def _observe(self) -> _Observed:
+        nodes: dict[str, NodeRecord] = {}
+        leases: dict[int, tuple[LeaseRecord, str]] = {}
+        names = self.registers.names(node_prefix()) + self.registers.names(lease_prefix())
+        for name in names:
+            register = self.registers.read(name)
+            if register is None:
+                continue
+            self._observer.saw(name, register.version, self.clock())
+            if (node := parse_node_register_name(name)) is not None:
+                nodes[node] = NodeRecord.decode(name, register.data)
+                continue
+            container = parse_lease_register_name(name)
+            if container is not None and container < self.container_count:
+                leases[container] = (LeaseRecord.decode(name, register.data), register.version)
+        self._observer.forget(set(names))
+        return _Observed(nodes, leases)
+
+    def _balance(self, seen: _Observed) -> None:
+        now = self.clock()
+        live = {
+            node
+            for node, record in seen.nodes.items()
+            if not record.leaving and not self._observer.stale(node_register_name(node), now)
+        } | {self.node_id}
+        owners: dict[int, str] = {c: self.node_id for c in self._held}
+        unusable: set[int] = set()  # held under this node's id by an earlier run, until that lease is stale
+        for container, (record, _version) in seen.leases.items():
+            if container in owners or record.owner is None:
+                continue
+            if not self._observer.stale(lease_register_name(container), now):
+                if record.owner == self.node_id:
+                    unusable.add(container)
+                else:
+                    owners[container] = record.owner
+        free = set(range(self.container_count)) - owners.keys() - unusable
+        for container in list(self._free_since):
+            if container not in free:
+                del self._free_since[container]
+        for container in free:
+            self._free_since.setdefault(container, now)
+        long_free = {c for c in free if now - self._free_since[c] >= self.lease_s}
+        urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
+        self._view = ClusterView(urls | {self.node_id: self._node.url}, dict(owners))
+        step = balancer.plan(self.node_id, live, owners, free, self.container_count, long_free)
+        for container in step.release:
+            self._release(container)
+        for container in step.claim:
+            self._claim(container, seen.leases.get(container))
+
+    def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
+        name = lease_register_name(container)
+        started = self.clock()
+        try:
+            if current is None:
+                record = LeaseRecord(container, self.node_id, 1)
+                version = self.registers.create(name, record.encode())
+            else:
+                record = current[0].claimed_by(self.node_id)
+                version = self.registers.replace(name, record.encode(), current[1])
+        except RegisterConflict:
+            return
+        except RegisterError as exc:
+            log.warning("node %s could not claim container %d: %s", self.node_id, container, exc)
+            return
+        self._held[container] = _Held(record, version, started)
+        self._free_since.pop(container, None)
+        log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)
+        self.host.start_container(container)
+
+    def _release(self, container: int) -> None:
+        """Hand ``container`` over: stop it first, then free its lease for the next owner."""
+        held = self._held.pop(container)
+        self.host.stop_container(container)
+        name = lease_register_name(container)
+        try:
+            self.registers.replace(name, held.record.released().encode(), held.version)
+        except (RegisterConflict, RegisterError) as exc:
+            log.warning("node %s could not release container %d (it expires instead): %s",
+                        self.node_id, container, exc)
+        else:
+            log.info("node %s handed container %d over", self.node_id, container)

@@ -1,0 +1,142 @@
+"""The cluster's records (cluster.json, nodes, leases) and how a node judges them alive.
+
+Each record is one register (``engine.cluster.registers``) holding one JSON
+object with a fresh ``write`` id, so no two writes ever hold the same bytes.
+
+Liveness is judged by observation, never by comparing clocks across machines:
+a node or lease record is stale once its version has stayed the same for
+``lease_s`` of the observer's own monotonic clock. Its writer renews it every
+third of ``lease_s``, and a lease holder gives its containers up before
+``lease_s`` minus a margin has passed since the start of its last successful
+renewal; the observer can only have seen that renewal after it landed, so
+it waits longer than the holder could still be acting (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.errors import DataCorrupted
+
+
+def _write_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _decode(name: str, data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise DataCorrupted(f"cluster record {name!r} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise DataCorrupted(f"cluster record {name!r} is not a JSON object")
+    return doc
+
+
+def _encode(record: Any) -> bytes:
+    return json.dumps(asdict(record), sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    """``cluster.json``: what every node of the cluster must agree on, written once."""
+
+    containers: int
+    write: str = field(default_factory=_write_id)
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> ClusterRecord:
+        doc = _decode(name, data)
+        containers = doc.get("containers")
+        if not isinstance(containers, int) or containers < 1:
+            raise DataCorrupted(f"cluster record {name!r}: bad container count {containers!r}")
+        return cls(containers, str(doc.get("write", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """``nodes/<id>``: a node's advertised URL; renewed as its heartbeat, ``leaving`` on a clean stop."""
+
+    node: str
+    url: str
+    beat: int = 0
+    leaving: bool = False
+    write: str = field(default_factory=_write_id)
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    def next_beat(self, *, leaving: bool = False) -> NodeRecord:
+        return NodeRecord(self.node, self.url, self.beat + 1, leaving)
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> NodeRecord:
+        doc = _decode(name, data)
+        node, url = doc.get("node"), doc.get("url")
+        if not isinstance(node, str) or not isinstance(url, str):
+            raise DataCorrupted(f"node record {name!r} lacks its node id or URL")
+        beat, leaving = int(doc.get("beat", 0)), bool(doc.get("leaving", False))
+        return cls(node, url, beat, leaving, str(doc.get("write", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """``leases/<container>``: who owns the container; ``epoch`` grows with every change of owner."""
+
+    container: int
+    owner: str | None
+    epoch: int
+    write: str = field(default_factory=_write_id)
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    def renewed(self) -> LeaseRecord:
+        return LeaseRecord(self.container, self.owner, self.epoch)
+
+    def claimed_by(self, node: str) -> LeaseRecord:
+        return LeaseRecord(self.container, node, self.epoch + 1)
+
+    def released(self) -> LeaseRecord:
+        return LeaseRecord(self.container, None, self.epoch)
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> LeaseRecord:
+        doc = _decode(name, data)
+        container, owner, epoch = doc.get("container"), doc.get("owner"), doc.get("epoch")
+        if not isinstance(container, int) or not isinstance(epoch, int) or epoch < 0:
+            raise DataCorrupted(f"lease record {name!r}: bad container or epoch")
+        if owner is not None and not isinstance(owner, str):
+            raise DataCorrupted(f"lease record {name!r}: bad owner {owner!r}")
+        return cls(container, owner, epoch, str(doc.get("write", "")))
+
+
+class Observer:
+    """Remembers when this node first saw each version of each record, to judge staleness."""
+
+    def __init__(self, lease_s: float) -> None:
+        assert lease_s > 0, lease_s
+        self.lease_s = lease_s
+        self._seen: dict[str, tuple[str, float]] = {}
+
+    def saw(self, name: str, version: str, now: float) -> None:
+        """Record that ``name`` has ``version`` at ``now`` (monotonic seconds)."""
+        known = self._seen.get(name)
+        if known is None or known[0] != version:
+            self._seen[name] = (version, now)
+
+    def stale(self, name: str, now: float) -> bool:
+        """Whether ``name``'s version has not changed for ``lease_s`` since this node first saw it."""
+        known = self._seen.get(name)
+        return known is not None and now - known[1] >= self.lease_s
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop what is known of records that no longer exist."""
+        for name in set(self._seen) - keep:
+            del self._seen[name]

@@ -1,0 +1,331 @@
+"""Nodes sharing containers through leases: balance, failover, pauses, partitions, graceful handover.
+
+A simulated cluster: coordinators over one set of in-memory registers (atomic
+compare-and-set), a shared fake clock, and hosts that record what they run.
+After every step the one-holder invariant is checked: no container is held
+by two nodes at any instant.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.cluster.coordinator import ClusterMismatch, Coordinator
+from engine.cluster.records import LeaseRecord
+from engine.cluster.registers import MemoryRegisters, Register, RegisterError, S3Registers
+from engine.naming import lease_register_name
+
+LEASE_S = 9.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Cut:
+    """Registers that fail while ``down`` (a node cut off from the bucket)."""
+
+    def __init__(self, registers: Any) -> None:
+        self.registers = registers
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.registers, name)
+
+        def call(*args: Any) -> Any:
+            if self.down:
+                raise RegisterError("cut off")
+            return method(*args)
+
+        return call
+
+
+class Host:
+    """Records the containers a node runs; a stop happens while the lease still names this node."""
+
+    def __init__(self, node: str, registers: MemoryRegisters) -> None:
+        self.node = node
+        self.registers = registers
+        self.running: set[int] = set()
+        self.starts = 0
+
+    def start_container(self, container: int) -> None:
+        assert container not in self.running
+        self.running.add(container)
+        self.starts += 1
+
+    def stop_container(self, container: int) -> None:
+        self.running.discard(container)
+
+
+class Cluster:
+    def __init__(self, containers: int) -> None:
+        self.containers = containers
+        self.registers = MemoryRegisters()
+        self.clock = Clock()
+        self.nodes: dict[str, Coordinator] = {}
+        self.hosts: dict[str, Host] = {}
+        self.cuts: dict[str, Cut] = {}
+
+    def add(self, node: str) -> Coordinator:
+        cut = Cut(self.registers)
+        host = Host(node, self.registers)
+        coordinator = Coordinator(
+            cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
+            lease_s=LEASE_S, clock=self.clock,
+        )
+        coordinator.join()
+        self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
+        return coordinator
+
+    def check(self) -> None:
+        for container in range(self.containers):
+            holders = [node for node, c in self.nodes.items() if c.holds(container)]
+            assert len(holders) <= 1, f"container {container} held by {holders} at {self.clock.now}"
+
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.check()
+
+    def rounds(self, count: int, nodes: list[str] | None = None) -> None:
+        """``count`` rounds: the clock moves a third of a lease, then each node (or those named) ticks."""
+        for _ in range(count):
+            self.advance(LEASE_S / 3)
+            for node in nodes if nodes is not None else list(self.nodes):
+                self.nodes[node].tick()
+                self.check()
+
+    def held(self) -> dict[str, list[int]]:
+        return {node: c.held() for node, c in self.nodes.items()}
+
+    def owned_once_by(self, nodes: list[str]) -> bool:
+        held = [container for node in nodes for container in self.nodes[node].held()]
+        return sorted(held) == list(range(self.containers))
+
+
+def counts(held: dict[str, list[int]], nodes: list[str]) -> list[int]:
+    return sorted(len(held[node]) for node in nodes)
+
+
+def test_three_nodes_share_containers_within_one_of_each_other() -> None:
+    cluster = Cluster(8)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(12)
+    assert counts(cluster.held(), ["a", "b", "c"]) == [2, 3, 3]
+    assert cluster.owned_once_by(["a", "b", "c"])
+    for node, host in cluster.hosts.items():
+        assert sorted(host.running) == cluster.nodes[node].held()
+
+
+def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
+    cluster = Cluster(6)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    lost = cluster.nodes["b"].held()
+    assert len(lost) == 2
+    died_at = cluster.clock.now
+    moved_at = None
+    for _ in range(12):
+        cluster.rounds(1, ["a", "c"])
+        if moved_at is None and cluster.owned_once_by(["a", "c"]):
+            moved_at = cluster.clock.now
+    assert moved_at is not None and moved_at - died_at <= LEASE_S + 2 * LEASE_S / 3
+    assert counts(cluster.held(), ["a", "c"]) == [3, 3]
+
+
+def test_a_paused_node_stops_serving_before_others_take_over_and_rejoins_owning_nothing() -> None:
+    """SIGSTOP past the leases, then SIGCONT: the node gives its containers up, acknowledging nothing."""
+    cluster = Cluster(6)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    paused = cluster.nodes["a"]
+    had = paused.held()
+    assert had
+    cluster.rounds(9, ["b", "c"])  # three leases: every check passed while a did nothing
+    assert not paused.held()  # its leases ran out on its own clock, without a round
+    assert cluster.owned_once_by(["b", "c"])
+    paused.tick()  # resumed: its first round stops what it had, before anything else
+    assert cluster.hosts["a"].running == set()
+    assert not paused.held()
+    cluster.rounds(8)
+    assert counts(cluster.held(), ["a", "b", "c"]) == [2, 2, 2]
+
+
+def test_a_node_cut_off_from_the_bucket_gives_up_in_time() -> None:
+    cluster = Cluster(4)
+    for node in ("a", "b"):
+        cluster.add(node)
+    cluster.rounds(8)
+    cluster.cuts["a"].down = True
+    for _ in range(9):
+        cluster.rounds(1)
+    assert cluster.hosts["a"].running == set()
+    assert cluster.owned_once_by(["b"])
+    cluster.cuts["a"].down = False
+    cluster.rounds(10)
+    assert counts(cluster.held(), ["a", "b"]) == [2, 2]
+
+
+def test_a_joining_node_gets_its_share_by_graceful_handover() -> None:
+    cluster = Cluster(6)
+    for node in ("a", "b"):
+        cluster.add(node)
+    cluster.rounds(8)
+    assert counts(cluster.held(), ["a", "b"]) == [3, 3]
+    stopped_while_leased: list[bool] = []
+    for node in ("a", "b"):
+        host = cluster.hosts[node]
+        plain_stop = host.stop_container
+
+        def stop(container: int, node: str = node, plain_stop: Any = plain_stop) -> None:
+            register = cluster.registers.read(lease_register_name(container))
+            assert register is not None
+            stopped_while_leased.append(LeaseRecord.decode("lease", register.data).owner == node)
+            plain_stop(container)
+
+        host.stop_container = stop  # type: ignore[method-assign]
+    cluster.add("c")
+    joined_at = cluster.clock.now
+    cluster.rounds(10)
+    assert counts(cluster.held(), ["a", "b", "c"]) == [2, 2, 2]
+    assert cluster.owned_once_by(["a", "b", "c"])
+    assert stopped_while_leased and all(stopped_while_leased)
+    # handed over, not expired: the newcomer has its share well before a lease could run out twice
+    assert cluster.clock.now - joined_at <= 10 * LEASE_S / 3
+
+
+def test_a_node_that_leaves_hands_everything_over_at_once() -> None:
+    cluster = Cluster(4)
+    for node in ("a", "b"):
+        cluster.add(node)
+    cluster.rounds(8)
+    cluster.nodes["a"].leave()
+    assert cluster.hosts["a"].running == set()
+    cluster.rounds(2, ["b"])
+    assert cluster.owned_once_by(["b"])
+
+
+def test_a_node_with_another_container_count_is_refused() -> None:
+    cluster = Cluster(4)
+    cluster.add("a")
+    stranger = Coordinator(cluster.registers, node_id="z", url="http://z", container_count=8,
+                           host=Host("z", cluster.registers), clock=cluster.clock)
+    with pytest.raises(ClusterMismatch, match="4 containers"):
+        stranger.join()
+
+
+def test_a_restarted_node_waits_out_the_lease_its_earlier_run_held() -> None:
+    """Same node id, new process: the old process may still be alive, so its lease must expire first."""
+    cluster = Cluster(2)
+    cluster.add("a")
+    cluster.rounds(3)
+    old = cluster.nodes["a"]
+    assert old.held() == [0, 1]
+    host = Host("a", cluster.registers)
+    again = Coordinator(cluster.registers, node_id="a", url="http://a", container_count=2, host=host,
+                        lease_s=LEASE_S, clock=cluster.clock)
+    again.join()
+    again.tick()
+    assert again.held() == [] and old.held() == [0, 1]
+    del cluster.nodes["a"]
+    cluster.nodes["a"] = again
+    cluster.rounds(6)
+    assert again.held() == [0, 1] and not old.held()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["tick", "wait", "pause", "cut"]), st.integers(0, 2)), max_size=80))
+def test_any_schedule_keeps_one_holder_and_converges_once_healed(schedule: list[tuple[str, int]]) -> None:
+    cluster = Cluster(5)
+    names = ["a", "b", "c"]
+    for node in names:
+        cluster.add(node)
+    paused: set[str] = set()
+    for action, index in schedule:
+        node = names[index]
+        if action == "tick" and node not in paused:
+            cluster.nodes[node].tick()
+        elif action == "wait":
+            cluster.advance(LEASE_S / 4 * (index + 1))
+        elif action == "pause":
+            paused ^= {node}
+        elif action == "cut":
+            cluster.cuts[node].down = not cluster.cuts[node].down
+        cluster.check()
+    for cut in cluster.cuts.values():
+        cut.down = False
+    cluster.rounds(14)
+    assert cluster.owned_once_by(names)
+    assert max(counts(cluster.held(), names)) - min(counts(cluster.held(), names)) <= 1
+    for node, host in cluster.hosts.items():
+        assert sorted(host.running) == cluster.nodes[node].held()
+
+
+@pytest.mark.slow
+def test_nodes_racing_in_threads_never_share_a_container() -> None:
+    registers = MemoryRegisters()
+    lease_s = 0.3
+    nodes = []
+    for name in "abcd":
+        coordinator = Coordinator(registers, node_id=name, url=f"http://{name}", container_count=16,
+                                  host=Host(name, registers), lease_s=lease_s)
+        coordinator.join()
+        nodes.append(coordinator)
+    stop = threading.Event()
+    threads = [threading.Thread(target=c.run, args=(stop,)) for c in nodes]
+    for thread in threads:
+        thread.start()
+    shared: list[tuple[int, list[str]]] = []
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:
+        for container in range(16):
+            holders = [c.node_id for c in nodes if c.holds(container)]
+            if len(holders) > 1:
+                shared.append((container, holders))
+        time.sleep(0.001)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert not shared
+    held = sorted(container for c in nodes for container in c.held())
+    assert held == list(range(16))
+    assert max(len(c.held()) for c in nodes) - min(len(c.held()) for c in nodes) <= 1
+
+
+def test_two_nodes_on_s3_split_the_containers_and_one_takes_all_when_the_other_leaves(
+    s3_bucket: str, s3_client: Any
+) -> None:
+    clock = Clock()
+    registers = S3Registers(s3_bucket, "cluster", client=s3_client)
+    nodes = []
+    for name in "ab":
+        coordinator = Coordinator(registers, node_id=name, url=f"http://{name}", container_count=4,
+                                  host=Host(name, MemoryRegisters()), lease_s=LEASE_S, clock=clock)
+        coordinator.join()
+        nodes.append(coordinator)
+    for _ in range(6):
+        clock.now += LEASE_S / 3
+        for coordinator in nodes:
+            coordinator.tick()
+    assert sorted(len(c.held()) for c in nodes) == [2, 2]
+    assert registers.read("cluster.json") is not None
+    assert isinstance(registers.read(lease_register_name(0)), Register)
+    nodes[0].leave()
+    for _ in range(2):
+        clock.now += LEASE_S / 3
+        nodes[1].tick()
+    assert nodes[1].held() == [0, 1, 2, 3]
+    assert set(nodes[1].view().owners.values()) == {"b"}
