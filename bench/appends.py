@@ -47,7 +47,7 @@ from typing import Any
 
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 HOST = "127.0.0.1"
 KiB = 1024

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.appends import Spread, _percentile, _process_cpu_s, _worker_pid, run_in_workdir
+from bench.servers import ServerProcess, free_port
 from client.events import DEFAULT_LINGER_S, EventReader, EventWriter
 from client.segment_client import SegmentClient
-from tests.serverproc import ServerProcess, free_port
 
 EVENT_BYTES = 100
 WRITERS = (1, 16, 64)

@@ -30,8 +30,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from tests.motoserver import MotoServer
-from tests.serverproc import ServerProcess
+from bench.servers import MotoServer, ServerProcess
 
 MiB = 1024 * 1024
 ACCESS_KEY = "AKIDBENCH"

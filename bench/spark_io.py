@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.appends import Spread, _wait_writer_idle, run_in_workdir
+from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
-from tests.serverproc import ServerProcess
 
 MiB = 1024 * 1024
 PAYLOAD_BYTES = 1000

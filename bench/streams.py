@@ -43,7 +43,7 @@ from typing import Any
 import requests
 
 from bench.appends import Spread, _Connection, _percentile, _request_bytes, _wait_writer_idle
-from tests.serverproc import ROOT, ServerProcess, free_port
+from bench.servers import ROOT, ServerProcess, free_port
 
 HOST = "127.0.0.1"
 APPEND_BYTES = 100

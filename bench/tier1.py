@@ -51,10 +51,8 @@ from bench.appends import (
     run_load,
     tier1_metric,
 )
+from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess
 from engine import Settings
-from tests.conftest import FAKE_AWS_ENV
-from tests.motoserver import MotoServer
-from tests.serverproc import ServerProcess
 
 TARGET_RATIO = 0.5
 LATENCY_CLIENTS = (1, 16)

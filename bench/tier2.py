@@ -60,11 +60,10 @@ from bench.appends import (
     create_segment,
     run_in_workdir,
 )
+from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer, ServerProcess
 from engine import naming
 from engine.config import load_settings
 from engine.tier2.s3 import make_client
-from tests.motoserver import MotoServer
-from tests.serverproc import ServerProcess
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -72,16 +71,6 @@ TIER2_PREFIX = "seg"
 SMALL_APPEND_BYTES = 100
 TAG_BYTES = 16
 TARGET_READ_RATIO = 0.8
-# No profile, config file or endpoint of the machine's own may steer boto3.
-FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
-    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
-}
-UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 FLUSH_METRIC = "segstore_tier2_flush_bytes_total"
 LAYOUT_METRIC = 'segstore_operation_latency_seconds_count{type="UpdateLayout"}'
 WAIT_FLUSHED_S = 600.0

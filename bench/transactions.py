@@ -37,7 +37,7 @@ from typing import Any
 import requests
 
 from bench.appends import Spread, _metric_total, _progress, create_segment, run_in_workdir
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -9,18 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.motoserver import MotoServer
-
-FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    # No profile, config file or endpoint of the machine's own may steer boto3.
-    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
-    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
-}
-UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer
 
 
 @pytest.fixture(scope="session")

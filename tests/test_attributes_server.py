@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 KEYS = [str(uuid.UUID(int=i + 1)) for i in range(50)]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 # name -> (body bytes after the headers, whether the client then half-closes)
 MALFORMED = {

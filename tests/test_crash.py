@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from bench.servers import ServerProcess
 from engine import load_settings
 from engine.naming import parse_log_file_name, tier1_dir
-from tests.serverproc import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import requests
 from packaging.requirements import Requirement
 
+from bench.servers import ROOT, free_port
 from engine import Settings, load_settings
-from tests.serverproc import ROOT, free_port
 
 
 def test_example_config_names_every_setting_and_loads() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 CLIENTS = 32
 APPENDS_PER_CLIENT = 20

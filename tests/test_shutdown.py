@@ -8,7 +8,7 @@ from pathlib import Path
 
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 
 def test_sigterm_ends_tails_promptly_and_keeps_data(tmp_path: Path) -> None:

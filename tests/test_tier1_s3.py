@@ -25,8 +25,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import FAKE_AWS_ENV
-from tests.serverproc import ServerProcess
+from bench.servers import FAKE_AWS_ENV, ServerProcess
 from tests.test_crash import SEGMENTS, TIMEOUT_S, Ledger, Writer, run_and_kill, verify
 
 pytestmark = pytest.mark.slow

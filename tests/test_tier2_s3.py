@@ -32,6 +32,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from bench.servers import FAKE_AWS_ENV, ServerProcess
 from engine import SegmentStore, Settings
 from engine.container import SegmentContainer
 from engine.durable_log.memory_data_log import MemoryDataLog
@@ -41,8 +42,6 @@ from engine.tier2.chunk_storage import ChunkHandle
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from engine.tier2.s3 import S3ChunkStorage
-from tests.conftest import FAKE_AWS_ENV
-from tests.serverproc import ServerProcess
 
 KiB = 1024
 MiB = 1024 * KiB

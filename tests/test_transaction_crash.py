@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

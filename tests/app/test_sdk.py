@@ -18,8 +18,8 @@ from types import ModuleType
 
 import pytest
 
+from bench.servers import ServerProcess
 from tests.app.openapi_check import SPEC_FILE
-from tests.serverproc import ServerProcess
 
 PACKAGE = "segstore_sdk"
 NAME = "scope/stream/0"

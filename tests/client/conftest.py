@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
-from tests.serverproc import ServerProcess
 
 # Small enough that the tests cross it cheaply.
 MAX_APPEND_BYTES = 64 * 1024

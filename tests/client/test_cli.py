@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from bench.servers import ServerProcess
 from client.cli import _put, main
 from client.segment_client import AppendResult, SegmentClient
 from tests.client.conftest import MAX_APPEND_BYTES
-from tests.serverproc import ServerProcess
 
 
 def _stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.serverproc import ServerProcess
+from bench.servers import ServerProcess
 
 ACCESS_KEY = "AKIDSEGSTORETEST"
 SECRET_KEY = "segstore-test-secret"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import requests
 
+from bench.servers import ServerProcess
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
-from tests.serverproc import ServerProcess
 
 AWS = str(Path(sys.executable).parent / "aws")
 MiB = 1024 * 1024

@@ -10,9 +10,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from app.s3 import objects
+from bench.servers import ServerProcess
 from engine import SegmentStore, Settings
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY, make_client
-from tests.serverproc import ServerProcess
 
 
 def _error(err: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:

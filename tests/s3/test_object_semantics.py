@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from bench.servers import ServerProcess
 from tests.s3.conftest import make_client
-from tests.serverproc import ServerProcess
 
 PART = 5 * 1024 * 1024
 META = {

@@ -13,8 +13,8 @@ import pytest
 import requests
 from botocore.exceptions import ClientError
 
+from bench.servers import ServerProcess
 from tests.s3.conftest import ACCESS_KEY, READER_KEY, READER_SECRET, SECRET_KEY, TOKEN, make_client
-from tests.serverproc import ServerProcess
 
 
 def _code(err: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:

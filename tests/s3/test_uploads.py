@@ -20,8 +20,8 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum, Sha1Checksum, Sha256Checksum
 
+from bench.servers import ServerProcess
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
-from tests.serverproc import ServerProcess
 
 MiB = 1024 * 1024
 

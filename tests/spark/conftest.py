@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
-from tests.serverproc import ServerProcess
 
 # Small, so that modest test data crosses appends, GETs and partitions several times.
 MAX_APPEND_BYTES = 64 * 1024

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from bench.servers import ServerProcess
 from client.events import EventReader, EventWriter
 from client.segment_client import SegmentClient
-from tests.serverproc import ServerProcess
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

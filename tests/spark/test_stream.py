@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from bench.servers import ServerProcess
 from client.events import EventReader, EventWriter
 from client.segment_client import SegmentClient
 from client.spark_sink import SinkKeys
-from tests.serverproc import ServerProcess
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

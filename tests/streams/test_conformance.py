@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serverproc import ROOT, ServerProcess
+from bench.servers import ROOT, ServerProcess
 
 HERE = Path(__file__).resolve().parent / "conformance"
 CACHE = ROOT / ".cache" / "conformance"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from bench.servers import ServerProcess
 from engine import Settings
 from engine.naming import stream_meta_segment
 from engine.streams import _frame
-from tests.serverproc import ServerProcess
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"

@@ -15,9 +15,9 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.servers import free_port
 from engine.tier2.chunk_storage import ChunkExists, ChunkHandle, ChunkNotFound, ChunkStorageError
 from engine.tier2.s3 import MIN_PART_BYTES, Piece, S3ChunkStorage, make_client, plan_parts
-from tests.serverproc import free_port
 
 MiB = 1024 * 1024
 

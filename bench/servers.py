@@ -1,6 +1,16 @@
-"""Start segstore as a real server process, the way `make run` does.
+"""Servers the benchmarks and the tests start: segstore as `make run` starts it, and moto's S3.
 
-Used by tests that need a real socket: crash tests, generated SDKs, clients.
+- ``ServerProcess``: gunicorn + gevent serving segstore on a loopback port,
+  in its own process group (a kill reaches arbiter and worker at once, as a
+  machine crash would). Crash tests, generated SDKs, clients and benchmarks
+  use it.
+- ``MotoServer``: moto in server mode, a real S3 endpoint over HTTP on
+  loopback in its own process; boto3 talks to it as to S3 (sockets, signing,
+  retries, multipart), which an in-process mock would skip.
+- ``FAKE_AWS_ENV``: credentials and settings that keep boto3 off the
+  machine's own AWS configuration.
+
+It lives outside ``tests/`` so that benchmarks run without the test suite.
 """
 
 from __future__ import annotations
@@ -17,6 +27,16 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # No profile, config file or endpoint of the machine's own may steer boto3.
+    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+}
+UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 def free_port() -> int:
@@ -128,3 +148,74 @@ def _group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+class MotoServer:
+    """``python -m moto.server`` on 127.0.0.1 and a free port, logging to ``log_path``."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> MotoServer:
+        """Start the server and wait until it answers HTTP; retries on a port taken meanwhile."""
+        for _ in range(3):
+            self.port = free_port()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            if self._wait_ready(timeout_s):
+                return self
+        raise RuntimeError(f"moto server did not start: {self.log_tail()}")
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                requests.get(self.url + "/moto-api/", timeout=1)
+                return True
+            except (requests.ConnectionError, requests.Timeout):  # not listening, or busy starting
+                time.sleep(0.05)
+        self.stop()
+        return False
+
+    def reset(self) -> None:
+        """Drop every bucket and object (moto's own reset call)."""
+        requests.post(self.url + "/moto-api/reset", timeout=10).raise_for_status()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers; waits until the process is gone."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> MotoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
