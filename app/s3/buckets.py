@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 
 from flask import Response
 
-from app.s3 import errors, objects, subresources
+from app.s3 import answers, objects, subresources
 from app.s3.errors import S3Error
 from app.s3.xml import Node, document, parse
 from engine import SegmentExists, SegmentNotFound, SegmentStore, SegstoreError
@@ -89,7 +89,7 @@ def delete_objects(
             if not quiet:
                 results.append(("Deleted", [("Key", key)]))
         except (S3Error, SegstoreError) as err:
-            s3err = err if isinstance(err, S3Error) else errors.from_engine(err)
+            s3err = err if isinstance(err, S3Error) else answers.from_engine(err)
             results.append(("Error", [("Key", key), ("Code", s3err.code), ("Message", s3err.message)]))
     return document("DeleteResult", results)
 

@@ -18,9 +18,9 @@ from werkzeug.routing import BaseConverter
 
 from app import auth, ops
 from app.s3 import (
+    answers,
     buckets,
     checksums,
-    errors,
     listing,
     metadata,
     multipart,
@@ -65,9 +65,9 @@ class KeyConverter(BaseConverter):
 bp.record_once(
     lambda state: state.app.url_map.converters.update(s3bucket=BucketConverter, s3key=KeyConverter)
 )
-bp.register_error_handler(S3Error, errors.render)
-bp.register_error_handler(SegstoreError, errors.render_engine_error)
-bp.register_error_handler(Exception, errors.render_unexpected)
+bp.register_error_handler(S3Error, answers.render)
+bp.register_error_handler(SegstoreError, answers.render_engine_error)
+bp.register_error_handler(Exception, answers.render_unexpected)
 
 
 def _store() -> SegmentStore:
