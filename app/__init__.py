@@ -1,4 +1,9 @@
-"""segstore's HTTP layer: a Flask app over one ``SegmentStore``.
+"""segstore's HTTP layer: a Flask app over one ``SegmentStore``, with three protocol surfaces.
+
+``native`` (``/v1/segments``), ``streams`` (Durable Streams, ``/v1/stream``)
+and ``s3`` (path-style S3 at the root) each map their protocol onto
+segments; ``auth``, ``errors``, ``ops``, ``inputs`` and ``chunked_body``
+are the HTTP helpers they share.
 
 ``create_app`` builds the store inside the calling process (a gunicorn
 worker, a test), starts its recovery in the background and serves requests
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, inputs, ops, s3, segments, streams
+from app import auth, chunked_body, errors, inputs, native, ops, s3, streams
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -26,7 +31,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.before_request(inputs.require_utf8_path)  # first: auth judges names too
     auth.install(app, settings)
     app.register_blueprint(ops.bp)
-    app.register_blueprint(segments.bp)
+    native.init_app(app)
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     app.register_blueprint(s3.bp)

@@ -25,7 +25,9 @@ that name) need read for GET/HEAD and write for every other method; a
 merge needs write on its target and on its source (the merge deletes the
 source); a stream fork needs read on its source. A listing needs read on
 its whole ``prefix``: a grant whose prefix starts the requested one
-(otherwise 403; listings are not filtered).
+(otherwise 403; listings are not filtered). A surface adds the other names
+a request touches (``add_touches``): the native surface a merge's source,
+Durable Streams a fork's source; this module imports no surface.
 ``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
 token. This module is the one place that decides 401 and 403; tokens are
 compared in constant time and never logged or echoed.
@@ -39,15 +41,17 @@ import hmac
 import io
 import json
 import tomllib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flask import Flask, Request, current_app, request
 
-from app.streams import fork_source
 from engine import InvalidArgument, SegstoreError, Settings
 
-_MERGE_BODY_MAX_BYTES = 64 * 1024
+_PEEK_BODY_MAX_BYTES = 64 * 1024
+_TOUCHES_KEY = "segstore.auth.touches"
 _OPEN_PATHS = ("/healthz", "/readyz")
 # Native routes whose path names a segment (or stream) after the prefix.
 _NAMED_ROUTES = ("/v1/segments/", "/v1/stream/")
@@ -203,21 +207,30 @@ def _bearer_principal(req: Request) -> Principal:
     return principal
 
 
-def _merge_source(req: Request) -> str | None:
-    """The ``source`` of a merge body, read ahead of the view; the body is put back for it."""
+def peek_json_member(req: Request, key: str) -> Any:
+    """Member ``key`` of a small JSON object body, read ahead of the view; the body is put back for it.
+
+    None when the body is not such an object.
+    """
     stream = req.environ["wsgi.input"]
     length = req.content_length
-    data = stream.read(
-        _MERGE_BODY_MAX_BYTES + 1 if length is None else min(length, _MERGE_BODY_MAX_BYTES + 1)
-    )
+    data = stream.read(_PEEK_BODY_MAX_BYTES + 1 if length is None else min(length, _PEEK_BODY_MAX_BYTES + 1))
     req.environ["wsgi.input"] = io.BytesIO(data)
     req.environ["CONTENT_LENGTH"] = str(len(data))
     req.environ.pop("HTTP_TRANSFER_ENCODING", None)
     try:
-        source = json.loads(data).get("source")
+        return json.loads(data).get(key)
     except (ValueError, AttributeError):
         return None
-    return source if isinstance(source, str) else None
+
+
+# (request, name, custom method) -> the (access, other name, what it is) the request also needs.
+Touches = Callable[[Request, str, str], Iterable[tuple[Access, str, str]]]
+
+
+def add_touches(app: Flask, route: str, touches: Touches) -> None:
+    """Judge the other names a request under ``route`` (``/v1/segments/``, ``/v1/stream/``) touches."""
+    app.extensions.setdefault(_TOUCHES_KEY, {})[route] = touches
 
 
 def _native_check() -> None:
@@ -241,14 +254,10 @@ def _native_check() -> None:
         return  # /metrics and unrouted paths: any valid token
     access = Access.READ if request.method in ("GET", "HEAD") else Access.WRITE
     require(principal, access, name)
-    forked_from = request.headers.get("Stream-Forked-From")
-    if route == "/v1/stream/" and request.method == "PUT" and forked_from is not None:
-        source = fork_source(forked_from)
-        require(principal, Access.READ, source, f"fork {source!r}")
-    if custom == "merge" and request.method == "POST":
-        source = _merge_source(request)
-        if source is not None:
-            require(principal, Access.WRITE, source, f"merge away {source!r}")
+    touches = current_app.extensions.get(_TOUCHES_KEY, {}).get(route)
+    if touches is not None:
+        for needed, other, what in touches(request, name, custom):
+            require(principal, needed, other, what)
 
 
 def install(app: Flask, settings: Settings) -> None:

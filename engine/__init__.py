@@ -1,6 +1,7 @@
 """segstore's storage engine: importable and testable without the HTTP layer.
 
-``app/`` uses only the names exported here.
+``app/`` uses only the names exported here; the protocol surfaces (native, S3,
+Durable Streams) live in ``app/``, each mapping its protocol onto these.
 """
 
 from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
@@ -23,31 +24,21 @@ from engine.errors import (
     StoreLocked,
     Throttled,
 )
-from engine.naming import validate_segment_name
-from engine.store import SegmentStore
-from engine.streams import (
-    MAX_PRODUCER_EPOCH,
-    MAX_PRODUCER_SEQ,
-    AppendOutcome,
-    Producer,
-    StreamClosed,
-    StreamConflict,
-    StreamGone,
-    StreamInfo,
-    StreamNotFound,
-    StreamRead,
-    StreamStore,
-    is_json,
-    normalize_content_type,
-    validate_expires_at,
+from engine.naming import (
+    STREAM_DATA_PREFIX,
+    STREAM_META_PREFIX,
+    stream_data_segment,
+    stream_meta_segment,
+    stream_of_meta_segment,
+    validate_segment_name,
 )
+from engine.store import SegmentStore
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
     "ATTRIBUTES_PER_REQUEST_MAX",
-    "MAX_PRODUCER_EPOCH",
-    "MAX_PRODUCER_SEQ",
-    "AppendOutcome",
+    "STREAM_DATA_PREFIX",
+    "STREAM_META_PREFIX",
     "AppendResult",
     "AttributeUpdate",
     "AttributeUpdateType",
@@ -59,7 +50,6 @@ __all__ = [
     "InvalidName",
     "MergeResult",
     "PayloadTooLarge",
-    "Producer",
     "ReadResult",
     "SegmentExists",
     "SegmentInfo",
@@ -72,17 +62,10 @@ __all__ = [
     "Settings",
     "StorageFull",
     "StoreLocked",
-    "StreamClosed",
-    "StreamConflict",
-    "StreamGone",
-    "StreamInfo",
-    "StreamNotFound",
-    "StreamRead",
-    "StreamStore",
     "Throttled",
-    "is_json",
     "load_settings",
-    "normalize_content_type",
-    "validate_expires_at",
+    "stream_data_segment",
+    "stream_meta_segment",
+    "stream_of_meta_segment",
     "validate_segment_name",
 ]

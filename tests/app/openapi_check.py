@@ -31,7 +31,7 @@ from werkzeug.datastructures import Headers, ImmutableMultiDict
 from werkzeug.routing import Rule
 from werkzeug.test import TestResponse
 
-from app import segments as segment_routes
+from app.native import routes as segment_routes
 
 SPEC_FILE = Path(__file__).resolve().parents[2] / "openapi.yaml"
 HTTP_METHODS = ("get", "put", "post", "delete", "head", "patch", "options", "trace")

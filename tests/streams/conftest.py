@@ -10,7 +10,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
-from engine import SegmentStore, Settings, StreamStore
+from app.streams.store import StreamStore
+from engine import SegmentStore, Settings
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.streams.format import format_offset, frame, json_payload, json_values, parse_offset, unframe
 from engine import InvalidArgument
 from engine.naming import (
     STREAM_META_PREFIX,
@@ -12,7 +13,6 @@ from engine.naming import (
     stream_of_meta_segment,
     validate_segment_name,
 )
-from engine.streams import _frame, _unframe, format_offset, json_payload, json_values, parse_offset
 
 
 def test_offsets_sort_as_strings_and_parse_back() -> None:
@@ -36,9 +36,9 @@ def test_any_stream_name_is_one_valid_segment_name_part(name: str) -> None:
 
 
 def test_frames_keep_message_boundaries() -> None:
-    data = _frame(b"one") + _frame(b"") + _frame(b"three")
-    assert _unframe(data) == ([b"one", b"", b"three"], len(data))
-    assert _unframe(data[:-1]) == ([b"one", b""], len(_frame(b"one") + _frame(b"")))
+    data = frame(b"one") + frame(b"") + frame(b"three")
+    assert unframe(data) == ([b"one", b"", b"three"], len(data))
+    assert unframe(data[:-1]) == ([b"one", b""], len(frame(b"one") + frame(b"")))
 
 
 def test_json_payloads_are_values_joined_by_commas() -> None:

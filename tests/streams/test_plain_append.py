@@ -1,4 +1,4 @@
-"""The plain-append shortcut (``app.streams.PlainAppend``): the same answers as Flask's view,
+"""The plain-append shortcut (``app.streams.shortcut.PlainAppend``): the same answers as Flask's view,
 errors rendered by the blueprint, metrics counted, and everything else left to Flask."""
 
 from __future__ import annotations

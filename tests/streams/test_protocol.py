@@ -13,9 +13,9 @@ from urllib.parse import quote
 import pytest
 from flask.testing import FlaskClient
 
-from engine import SegmentStore, StreamStore
-from engine.naming import stream_meta_segment
-from engine.streams import producer_keys
+from app.streams.producers import producer_keys
+from app.streams.store import StreamStore
+from engine import SegmentStore, stream_meta_segment
 
 URL = "/v1/stream/"
 
@@ -34,7 +34,7 @@ def _h(headers: dict[str, str]) -> dict[str, str]:
 
 
 def data_segment(streams: StreamStore, name: str) -> str:
-    return streams._live(name).config.data_segment
+    return streams.live(name).config.data_segment
 
 
 def test_a_stream_name_with_an_emoji_part(client: FlaskClient) -> None:

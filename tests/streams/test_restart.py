@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from app.streams.format import frame
 from bench.servers import ServerProcess
-from engine import Settings
-from engine.naming import stream_meta_segment
-from engine.streams import _frame
+from engine import Settings, stream_meta_segment
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"
@@ -87,7 +86,7 @@ def test_a_seq_record_whose_append_never_happened_does_not_count(settings: Setti
     assert client.post(URL + "s", data="a", headers={**plain, "Stream-Seq": "5"}).status_code == 204
     # What a crash between the record and its append leaves: a record of the next generation.
     app.extensions["segstore"].append(
-        stream_meta_segment("s"), _frame(json.dumps({"t": "seq", "seq": "9", "generation": 2}).encode())
+        stream_meta_segment("s"), frame(json.dumps({"t": "seq", "seq": "9", "generation": 2}).encode())
     )
     close_app(app)
 

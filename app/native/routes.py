@@ -14,19 +14,21 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import BaseConverter
 
-from app import inputs, ops
+from app import auth, ops
 from app.errors import segment_headers
-from app.sse import event_stream_response, wants_event_stream
+from app.inputs import read_body
+from app.native import params
+from app.native.sse import event_stream_response, wants_event_stream
 from engine import (
     ATTRIBUTES_PER_REQUEST_MAX,
     AppendResult,
@@ -63,6 +65,20 @@ class SegmentPathConverter(BaseConverter):
 bp.record_once(lambda state: state.app.url_map.converters.update(segment_path=SegmentPathConverter))
 
 
+def init_app(app: Flask) -> None:
+    """Register the routes, and the merge source as a name a merge touches (auth judges it)."""
+    app.register_blueprint(bp)
+    auth.add_touches(app, "/v1/segments/", _merge_touches)
+
+
+def _merge_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
+    """A merge deletes its source: it needs write access to it as well."""
+    if custom == "merge" and req.method == "POST":
+        source = auth.peek_json_member(req, "source")
+        if isinstance(source, str):
+            yield auth.Access.WRITE, source, f"merge away {source!r}"
+
+
 def store() -> SegmentStore:
     """The store this app serves (built by ``create_app``)."""
     return current_app.extensions["segstore"]
@@ -96,8 +112,8 @@ def _info_response(info: SegmentInfo, status: int = 200) -> Response:
 # ------------------------------------------------------------------ handlers
 def create(name: str) -> Response:
     """PUT: create, with an optional ``{"rollover_bytes": n}`` body."""
-    body = inputs.json_object_body(request, {"rollover_bytes"}, required=False)
-    rollover_bytes = inputs.json_int(body, "rollover_bytes", minimum=1)
+    body = params.json_object_body(request, {"rollover_bytes"}, required=False)
+    rollover_bytes = params.json_int(body, "rollover_bytes", minimum=1)
     return _info_response(store().create(name, rollover_bytes=rollover_bytes), 201)
 
 
@@ -107,8 +123,8 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
     ``append_to(data, expected_offset=, writer_id=, event_number=, event_count=)``
     is ``SegmentStore.append`` or ``append_transaction`` with the segment bound.
     """
-    conditions = inputs.append_conditions(request)
-    data = inputs.read_body(
+    conditions = params.append_conditions(request)
+    data = read_body(
         request.stream, request.content_length, store().settings.max_append_bytes, "append body"
     )
     if not data:
@@ -147,20 +163,20 @@ def _etag(result: ReadResult) -> str:
 
 def read(name: str) -> Response:
     """GET: bytes from ``offset``/``length`` or ``Range``; long-poll with ``wait``; or SSE."""
-    byte_range = inputs.byte_range(request)
-    offset = inputs.int_param(request, "offset")
-    length = inputs.int_param(request, "length", minimum=1)
+    byte_range = params.byte_range(request)
+    offset = params.int_param(request, "offset")
+    length = params.int_param(request, "length", minimum=1)
     if byte_range is not None and (offset is not None or length is not None):
         raise InvalidArgument("give either a Range header or offset/length parameters, not both")
     settings = store().settings
-    wait_s = inputs.seconds_param(request, "wait", maximum=settings.tail_wait_max_s)
+    wait_s = params.seconds_param(request, "wait", maximum=settings.tail_wait_max_s)
     if wants_event_stream(request):
         if byte_range is not None or length is not None or wait_s is not None:
             raise InvalidArgument(
                 "a live stream (Accept: text/event-stream) takes only offset or Last-Event-ID; "
                 "length, Range and wait do not apply"
             )
-        resume = inputs.last_event_id(request)
+        resume = params.last_event_id(request)
         start = resume if resume is not None else offset
         first = store().read(name, start)
         return event_stream_response(store(), name, first, settings.sse_keepalive_s)
@@ -212,8 +228,8 @@ def seal(name: str) -> Response:
 
 def truncate(name: str) -> Response:
     """POST ``:truncate`` with ``{"offset": n}``: start offset becomes max(current, n)."""
-    body = inputs.json_object_body(request, {"offset"}, required=True)
-    offset = inputs.json_int(body, "offset", minimum=0)
+    body = params.json_object_body(request, {"offset"}, required=True)
+    offset = params.json_int(body, "offset", minimum=0)
     if offset is None:
         raise InvalidArgument('the body needs "offset": the new start offset')
     return _info_response(store().truncate(name, offset))
@@ -221,7 +237,7 @@ def truncate(name: str) -> Response:
 
 def writer(name: str, writer_id_text: str) -> Response:
     """GET ``:writers/{writer_id}``: the last event number stored for that writer."""
-    writer_id = inputs.parse_uuid(writer_id_text, "writer id", InvalidArgument)
+    writer_id = params.parse_uuid(writer_id_text, "writer id", InvalidArgument)
     event_number = store().writer_event_number(name, writer_id)
     response = jsonify({"writer_id": str(writer_id), "event_number": event_number})
     response.headers.update(segment_headers(store().info(name)))
@@ -230,10 +246,10 @@ def writer(name: str, writer_id_text: str) -> Response:
 
 def get_attributes(name: str) -> Response:
     """GET ``:attributes?keys=k1,k2``: the keys' values (null: no value)."""
-    text = inputs.str_param(request, "keys")
+    text = params.str_param(request, "keys")
     if not text:
         raise InvalidArgument("name the attributes to read: ?keys=k1,k2 (UUIDs)")
-    keys = [inputs.parse_uuid(k, "attribute key", InvalidArgument) for k in text.split(",")]
+    keys = [params.parse_uuid(k, "attribute key", InvalidArgument) for k in text.split(",")]
     if len(keys) > ATTRIBUTES_PER_REQUEST_MAX:
         raise InvalidArgument(f"at most {ATTRIBUTES_PER_REQUEST_MAX} keys per request")
     values = store().get_attributes(name, keys)
@@ -244,8 +260,8 @@ def get_attributes(name: str) -> Response:
 
 def update_attributes(name: str) -> Response:
     """POST ``:attributes`` with ``{"updates": [...]}``: all applied atomically, or 412 naming the key."""
-    body = inputs.json_object_body(request, {"updates"}, required=True)
-    updates = inputs.attribute_updates(body)
+    body = params.json_object_body(request, {"updates"}, required=True)
+    updates = params.attribute_updates(body)
     values = store().update_attributes(name, updates)
     response = jsonify({"attributes": {str(k): v for k, v in values.items()}})
     response.headers.update(segment_headers(store().info(name)))
@@ -254,7 +270,7 @@ def update_attributes(name: str) -> Response:
 
 def partitions(name: str) -> Response:
     """GET ``:partitions?target_bytes=n``: ranges for parallel readers, on append boundaries."""
-    target = inputs.int_param(request, "target_bytes", minimum=1)
+    target = params.int_param(request, "target_bytes", minimum=1)
     ranges = store().partitions(name, PARTITION_BYTES_DEFAULT if target is None else target)
     response = jsonify({"partitions": [{"start": a, "end": b} for a, b in ranges]})
     response.headers.update(segment_headers(store().info(name)))
@@ -274,7 +290,7 @@ def _merged_response(result: MergeResult) -> Response:
 
 def _txid(text: str) -> uuid.UUID:
     """The transaction id of a path; 400 unless it is a UUID."""
-    return inputs.parse_uuid(text, "transaction id", InvalidArgument)
+    return params.parse_uuid(text, "transaction id", InvalidArgument)
 
 
 @contextmanager
@@ -331,8 +347,8 @@ def commit_transaction(name: str, txid_text: str) -> Response:
 
 def merge(name: str) -> Response:
     """POST ``:merge`` with ``{"source": name}``: append the whole sealed source at once; it goes away."""
-    body = inputs.json_object_body(request, {"source"}, required=True)
-    source = inputs.json_str(body, "source")
+    body = params.json_object_body(request, {"source"}, required=True)
+    source = params.json_str(body, "source")
     if source is None:
         raise InvalidArgument('the body needs "source": the name of the sealed segment to merge')
     try:
@@ -429,8 +445,8 @@ def segment(target: str) -> Response:
 def list_segments() -> Response:
     """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
     ops.set_route("/v1/segments")
-    prefix = inputs.str_param(request, "prefix") or ""
-    after = inputs.str_param(request, "after") or None
-    limit = inputs.int_param(request, "limit", minimum=1, maximum=LIST_LIMIT_MAX)
+    prefix = params.str_param(request, "prefix") or ""
+    after = params.str_param(request, "after") or None
+    limit = params.int_param(request, "limit", minimum=1, maximum=LIST_LIMIT_MAX)
     page, next_after = store().list(prefix, after=after, limit=LIST_LIMIT_DEFAULT if limit is None else limit)
     return jsonify({"segments": [info_json(i) for i in page], "next": next_after})

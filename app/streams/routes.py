@@ -1,7 +1,7 @@
-"""The Durable Streams protocol under ``/v1/stream/{name}``: HTTP only.
+"""The Durable Streams routes under ``/v1/stream/{name}``: HTTP only.
 
 Handlers parse the protocol's headers and query, call ``StreamStore``
-(engine/streams.py) and shape its answers: status codes, ``Stream-*`` and
+(``store``) and shape its answers: status codes, ``Stream-*`` and
 ``Producer-*`` headers, JSON-mode bodies, long-poll and SSE tails. Every
 response carries the CORS and browser security headers of the protocol.
 Errors are problem+json like the rest of segstore, with the protocol's
@@ -11,52 +11,32 @@ status codes (404 missing, 410 soft-deleted, 409 conflicts and closed).
 from __future__ import annotations
 
 import base64
-import json
-import math
-import random
 import re
-import time
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote, urlparse
+from collections.abc import Iterable
+from urllib.parse import quote
 
-from flask import Blueprint, Flask, Response, current_app, request
+from flask import Blueprint, Flask, Request, Response, current_app, request
 from werkzeug.routing import BaseConverter
 
-from app import inputs, ops
+from app import auth, inputs
 from app.errors import problem, render_segstore_error
-from engine import (
-    MAX_PRODUCER_EPOCH,
-    MAX_PRODUCER_SEQ,
-    InvalidArgument,
-    Producer,
-    SegmentStore,
-    SegstoreError,
-    StreamClosed,
-    StreamRead,
-    StreamStore,
-    is_json,
-    normalize_content_type,
-    validate_expires_at,
-)
-
-if TYPE_CHECKING:
-    from app.auth import AuthConfig  # app.auth imports this module
+from app.streams.errors import StreamClosed
+from app.streams.format import is_json, validate_expires_at
+from app.streams.producers import MAX_PRODUCER_EPOCH, MAX_PRODUCER_SEQ, Producer
+from app.streams.protocol import CORS_HEADERS, PREFIX, fork_source, read_body, response_cursor
+from app.streams.records import StreamRead
+from app.streams.shortcut import PlainAppend
+from app.streams.sse import event_stream
+from app.streams.store import StreamStore
+from engine import InvalidArgument, SegmentStore, SegstoreError
 
 bp = Blueprint("streams", __name__)
 
-PREFIX = "/v1/stream/"
-EVENT_STREAM = "text/event-stream"
 _OFFSET_PARAM = re.compile(r"^(-1|now|\d+_\d+)$")
 _FORK_OFFSET = re.compile(r"^\d+_\d+$")
 _DECIMAL = re.compile(r"^(0|[1-9]\d*)$")
 _DIGITS = re.compile(r"^\d+$")
 _MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-# Cursors count 20-second intervals from the protocol's epoch (2024-10-09T00:00:00Z).
-_CURSOR_EPOCH_S = 1728432000
-_CURSOR_INTERVAL_S = 20
-_MAX_JITTER_S = 3600
 # Reads below the tail never change; a tail read does on the next append.
 _CACHE_IMMUTABLE = "public, max-age=60, stale-while-revalidate=300"
 
@@ -68,24 +48,6 @@ _STATUS_BY_CODE = {
     "InvalidArgument": 400,
     "InvalidName": 400,
     "InvalidHeader": 400,
-}
-
-CORS_HEADERS = {
-    "Access-Control-Allow-Origin": "*",
-    "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
-    "Access-Control-Allow-Headers": (
-        "content-type, authorization, if-none-match, Stream-Seq, Stream-TTL, Stream-Expires-At, "
-        "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, "
-        "Stream-Fork-Offset, Stream-Fork-Sub-Offset"
-    ),
-    "Access-Control-Expose-Headers": (
-        "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Producer-Epoch, "
-        "Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, Stream-SSE-Data-Encoding, "
-        "etag, content-type, content-encoding, vary, location"
-    ),
-    # Browser security (protocol section 10.7).
-    "X-Content-Type-Options": "nosniff",
-    "Cross-Origin-Resource-Policy": "cross-origin",
 }
 
 
@@ -108,6 +70,7 @@ def init_app(app: Flask, store: SegmentStore) -> None:
     streams.start()
     app.extensions["streams"] = streams
     app.register_blueprint(bp)
+    auth.add_touches(app, PREFIX, _fork_touches)
     app.wsgi_app = PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
@@ -160,39 +123,9 @@ def _bad(detail: str) -> InvalidArgument:
     return InvalidArgument(detail)
 
 
-def response_cursor(client_cursor: str | None, now_s: float | None = None) -> str:
-    """The ``Stream-Cursor`` for a live answer (protocol section 8.1).
-
-    The current interval number; when the client already holds it (or a
-    later one), a later one with random jitter, so CDN-collapsed requests move on.
-    """
-    now_s = time.time() if now_s is None else now_s
-    current = int((now_s - _CURSOR_EPOCH_S) // _CURSOR_INTERVAL_S)
-    try:
-        client = int(client_cursor) if client_cursor else None
-    except ValueError:
-        client = None
-    if client is None or client < current:
-        return str(current)
-    jitter_s = random.randint(1, _MAX_JITTER_S)
-    return str(client + max(1, math.ceil(jitter_s / _CURSOR_INTERVAL_S)))
-
-
-def _body(result: StreamRead) -> bytes:
-    if is_json(result.content_type):
-        return b"[" + b",".join(result.messages) + b"]"
-    return b"".join(result.messages)
-
-
 def _etag(name: str, start: str, result: StreamRead) -> str:
     tag = base64.b64encode(name.encode()).decode()
     return f'"{tag}:{start}:{result.next_offset}{":c" if result.closed else ""}"'
-
-
-def fork_source(header: str) -> str:
-    """A ``Stream-Forked-From`` value (a path or a URL of a stream) as a stream name."""
-    path = unquote(urlparse(header).path or header)
-    return path.removeprefix(PREFIX)
 
 
 def _long_poll_s() -> float:
@@ -299,7 +232,9 @@ def read(name: str) -> Response:
         raise _bad(f"live={live} needs an offset parameter")
     start = None if offset in (None, "-1") else offset
     if live == "sse":
-        return _event_stream(name, start, cursor)
+        return event_stream(
+            current_app.extensions["segstore"], streams(), name, start, cursor, _long_poll_s()
+        )
     if offset == "now" and live != "long-poll":
         result = streams().read(name, "now")
         response = Response(b"[]" if is_json(result.content_type) else b"", content_type=result.content_type)
@@ -329,7 +264,7 @@ def read(name: str) -> Response:
         response = Response(status=304)
         response.headers["ETag"] = etag
         return response
-    response = Response(_body(result), status=200, content_type=result.content_type)
+    response = Response(read_body(result), status=200, content_type=result.content_type)
     response.headers["Stream-Next-Offset"] = result.next_offset
     response.headers["ETag"] = etag
     response.headers["Cache-Control"] = "no-store" if result.up_to_date else _CACHE_IMMUTABLE
@@ -417,128 +352,9 @@ def append(name: str) -> Response:
     )
 
 
-# ------------------------------------------------------------ the shortcut
-_ROUTE = "/v1/stream/<stream_path:name>"
-# Headers that make an append more than a plain one: Flask serves those.
-_NOT_PLAIN = (
-    "HTTP_PRODUCER_ID",
-    "HTTP_PRODUCER_EPOCH",
-    "HTTP_PRODUCER_SEQ",
-    "HTTP_STREAM_SEQ",
-    "HTTP_STREAM_CLOSED",
-    "HTTP_TRANSFER_ENCODING",
-)
-_APPENDED_HEADERS = list(CORS_HEADERS.items())
-
-
-class PlainAppend:
-    """WSGI shortcut for the hot path: a POST with a body and a Content-Length, and nothing else.
-
-    It answers what ``append`` would (204 with ``Stream-Next-Offset`` and the
-    protocol headers) without building Flask's request, context, routing and
-    response: on the append path those cost more than the append itself
-    (DESIGN.md "Facts measured": 1.6k req/s under Flask, 4.7k for plain WSGI).
-    Anything else (producers, ``Stream-Seq``, closing, chunked bodies,
-    native auth, paths Flask would redirect) goes to Flask untouched, and an
-    error of the append is rendered by the blueprint's own handler. No other
-    Flask hook runs for it: a ``before_request`` added for stream routes
-    must be added here too.
-    """
-
-    def __init__(self, app: Flask, wsgi_app: Any) -> None:
-        self.app = app
-        self.wsgi_app = wsgi_app
-        self.streams: StreamStore = app.extensions["streams"]
-        self.max_bytes: int = app.extensions["segstore"].settings.max_append_bytes
-        self.auth: AuthConfig = app.extensions["segstore.auth"]
-
-    def _plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
-        """(stream name, body length) of a plain append, else None."""
-        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled:
-            return None
-        path: str = environ.get("PATH_INFO", "")
-        if not path.startswith(PREFIX) or len(path) == len(PREFIX) or "//" in path:
-            return None
-        if not environ.get("CONTENT_TYPE") or any(key in environ for key in _NOT_PLAIN):
-            return None
-        length = environ.get("CONTENT_LENGTH", "")
-        if not length.isdigit() or not 0 < int(length) <= self.max_bytes or not inputs.path_is_utf8(environ):
-            return None
-        return path[len(PREFIX) :].encode("latin-1").decode("utf-8"), int(length)
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        plain = self._plain(environ)
-        if plain is None:
-            return self.wsgi_app(environ, start_response)
-        name, length = plain
-        environ[ops.ROUTE_KEY] = _ROUTE
-        try:
-            body = environ["wsgi.input"].read(length)
-            if len(body) != length:
-                raise InvalidArgument(f"the body ended after {len(body)} of its {length} bytes")
-            outcome = self.streams.append(name, body, content_type=environ["CONTENT_TYPE"])
-        except SegstoreError as err:
-            with self.app.request_context(environ):
-                response = self.app.make_response(self.app.handle_user_exception(err))
-                response = self.app.process_response(response)
-            return response(environ, start_response)
-        start_response("204 NO CONTENT", [("Stream-Next-Offset", outcome.next_offset), *_APPENDED_HEADERS])
-        return []
-
-
-# --------------------------------------------------------------------- SSE
-def _sse_event(kind: str, payload: str) -> bytes:
-    """One event; each line of the payload gets its own ``data:`` (no CR/LF injection)."""
-    lines = "\n".join(f"data:{line}" for line in _LINE_BREAK.split(payload))
-    return f"event: {kind}\n{lines}\n\n".encode()
-
-
-def _sse_data(result: StreamRead, binary: bool) -> bytes:
-    if binary:
-        return _sse_event("data", base64.b64encode(b"".join(result.messages)).decode())
-    return _sse_event("data", _body(result).decode("utf-8", "replace"))
-
-
-def _sse_control(result: StreamRead, cursor: str | None) -> bytes:
-    control: dict[str, object] = {"streamNextOffset": result.next_offset}
-    if result.closed:
-        control["streamClosed"] = True
-    else:
-        control["streamCursor"] = response_cursor(cursor)
-        if result.up_to_date:
-            control["upToDate"] = True
-    return _sse_event("control", json.dumps(control, separators=(",", ":")))
-
-
-def _event_stream(name: str, start: str | None, cursor: str | None) -> Response:
-    """``live=sse``: data events (base64 unless text or JSON), each followed by a control event.
-
-    The first read happens before the response starts, so 404 and 410 are
-    answered as such; the stream ends after ``streamClosed``.
-    """
-    store = current_app.extensions["segstore"]
-    layer = streams()
-    wait_s = _long_poll_s()
-    first = layer.read(name, start)
-    media = normalize_content_type(first.content_type)
-    binary = not (media.startswith("text/") or media == "application/json")
-
-    def events() -> Iterator[bytes]:
-        result = first
-        while True:
-            # One write for both, so a reader never sees data without its control event.
-            data = _sse_data(result, binary) if result.messages else b""
-            yield data + _sse_control(result, cursor)
-            if result.closed or store.draining:
-                return
-            try:
-                result = layer.read(name, result.next_offset, wait_s=wait_s if result.up_to_date else 0.0)
-            except SegstoreError:
-                return
-
-    response = Response(events(), status=200, content_type=EVENT_STREAM)
-    response.headers["Cache-Control"] = "no-cache"
-    response.headers["X-Accel-Buffering"] = "no"
-    if binary:
-        response.headers["Stream-SSE-Data-Encoding"] = "base64"
-    return response
+def _fork_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
+    """A fork needs read access to its source as well."""
+    forked_from = req.headers.get("Stream-Forked-From")
+    if req.method == "PUT" and forked_from is not None:
+        source = fork_source(forked_from)
+        yield auth.Access.READ, source, f"fork {source!r}"

@@ -1,0 +1,283 @@
+"""Strict parsing of the native API's request headers, query parameters and small JSON bodies.
+
+Python's ``int()`` takes ``" 7"``, ``"+7"``, ``"7_000"`` and non-ASCII digits;
+HTTP numbers are plain ASCII digits, so every number here is matched against
+a pattern first. A bad header is ``InvalidHeader``, a bad query parameter or
+body is ``InvalidArgument``, and each says which input was wrong and why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Request
+
+from app.errors import InvalidHeader
+from app.inputs import read_body
+from engine import AttributeUpdate, AttributeUpdateType, InvalidArgument, SegstoreError
+
+INT64_MAX = 2**63 - 1
+# Small JSON bodies (create options, truncate offset, attribute updates) are read whole up to this size.
+MAX_JSON_BODY_BYTES = 256 * 1024
+
+_DIGITS = re.compile(r"[0-9]+")
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.IGNORECASE)
+
+
+def _strip_ows(value: str) -> str:
+    """Header values may carry optional white space (space, tab) around them."""
+    return value.strip(" \t")
+
+
+def _show(text: str) -> str:
+    """An input quoted for an error detail, cut short so a huge one cannot bloat the answer."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _int_in_range(text: str, what: str, minimum: int, error: type[SegstoreError]) -> int:
+    if not _DIGITS.fullmatch(text):
+        raise error(f"{what} must be a decimal integer >= {minimum}, got {_show(text)}")
+    # A long digit string is out of range anyway; int() would refuse past 4300 digits.
+    value = int(text) if len(text) <= len(str(INT64_MAX)) else INT64_MAX + 1
+    if value < minimum or value > INT64_MAX:
+        raise error(f"{what} must be between {minimum} and {INT64_MAX}, got {_show(text)}")
+    return value
+
+
+def parse_uuid(text: str, what: str, error: type[SegstoreError]) -> uuid.UUID:
+    """A UUID in its canonical 8-4-4-4-12 hex form."""
+    if not _UUID.fullmatch(text):
+        raise error(f"{what} must be a UUID like 0f8fad5b-d9cb-469f-a165-70867728950e, got {_show(text)}")
+    return uuid.UUID(text)
+
+
+def _header(request: Request, name: str) -> str | None:
+    """A request header straight from the WSGI environ (hot path: no scan of all headers).
+
+    A header sent twice arrives joined by a comma, which no parser here accepts.
+    """
+    value = request.environ.get("HTTP_" + name.upper().replace("-", "_"))
+    return None if value is None else _strip_ows(value)
+
+
+def int_header(request: Request, name: str, *, minimum: int = 0) -> int | None:
+    """An int64 header (``Event-Number``, ``Expected-Offset``, ...), or None when absent."""
+    raw = _header(request, name)
+    return None if raw is None else _int_in_range(raw, name, minimum, InvalidHeader)
+
+
+@dataclass(frozen=True)
+class AppendConditions:
+    """The optional headers of an append."""
+
+    expected_offset: int | None
+    writer_id: uuid.UUID | None
+    event_number: int | None
+    event_count: int
+
+
+def append_conditions(request: Request) -> AppendConditions:
+    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``."""
+    raw_writer = _header(request, "Writer-Id")
+    writer_id = None if raw_writer is None else parse_uuid(raw_writer, "Writer-Id", InvalidHeader)
+    event_number = int_header(request, "Event-Number")
+    if (writer_id is None) != (event_number is None):
+        given, missing = (
+            ("Writer-Id", "Event-Number") if writer_id is not None else ("Event-Number", "Writer-Id")
+        )
+        raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
+    event_count = int_header(request, "Event-Count", minimum=1)
+    return AppendConditions(
+        expected_offset=int_header(request, "Expected-Offset"),
+        writer_id=writer_id,
+        event_number=event_number,
+        event_count=1 if event_count is None else event_count,
+    )
+
+
+def byte_range(request: Request) -> tuple[int | None, int | None] | None:
+    """``Range`` as (offset, length or None), or (None, n) for the last n bytes; None when absent.
+
+    ``bytes=a-b``, ``bytes=a-`` and the suffix ``bytes=-n`` (RFC 9110). A
+    Range of another unit is ignored (the whole answer), as RFC 9110 lets a
+    server do. Several ranges are a 400, since a segment read returns one
+    contiguous run of bytes.
+    """
+    raw = _header(request, "Range")
+    if raw is None or raw.partition("=")[0].strip().lower() != "bytes":
+        return None
+    if "," in raw:
+        raise InvalidHeader(f"Range must name one range (bytes=a-b, bytes=a- or bytes=-n), got {_show(raw)}")
+    match = _RANGE.fullmatch(raw)
+    if not match or not (match.group(1) or match.group(2)):
+        raise InvalidHeader(f"Range must be bytes=a-b, bytes=a- or bytes=-n, got {_show(raw)}")
+    if not match.group(1):
+        return None, _int_in_range(match.group(2), "Range suffix length", 1, InvalidHeader)
+    first = _int_in_range(match.group(1), "Range first byte", 0, InvalidHeader)
+    if not match.group(2):
+        return first, None
+    last = _int_in_range(match.group(2), "Range last byte", 0, InvalidHeader)
+    if last < first:
+        raise InvalidHeader(f"Range last byte {last} is before its first byte {first}")
+    return first, last - first + 1
+
+
+def last_event_id(request: Request) -> int | None:
+    """``Last-Event-ID`` of an SSE reconnect: the offset to resume from."""
+    raw = _header(request, "Last-Event-ID")
+    return None if raw is None else _int_in_range(raw, "Last-Event-ID", 0, InvalidHeader)
+
+
+def _param(request: Request, name: str) -> str | None:
+    values = request.args.getlist(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidArgument(f"query parameter {name} is given {len(values)} times; send it once")
+    return values[0]
+
+
+def int_param(request: Request, name: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
+    """An integer query parameter within [minimum, maximum], or None when absent."""
+    raw = _param(request, name)
+    if raw is None:
+        return None
+    value = _int_in_range(raw, f"query parameter {name}", minimum, InvalidArgument)
+    if value > maximum:
+        raise InvalidArgument(f"query parameter {name} must be at most {maximum}, got {value}")
+    return value
+
+
+def str_param(request: Request, name: str) -> str | None:
+    """A text query parameter, or None when absent."""
+    return _param(request, name)
+
+
+def seconds_param(request: Request, name: str, *, maximum: float) -> float | None:
+    """A duration in seconds (``1``, ``0.5``) within [0, maximum], or None when absent."""
+    raw = _param(request, name)
+    if raw is None:
+        return None
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidArgument(f"query parameter {name} must be a number of seconds >= 0, got {_show(raw)}")
+    value = float(raw)
+    if value > maximum:
+        raise InvalidArgument(f"query parameter {name} must be at most {maximum:g} seconds, got {_show(raw)}")
+    return value
+
+
+def json_object_body(request: Request, allowed: set[str], *, required: bool) -> dict[str, Any]:
+    """A small JSON object body with only ``allowed`` keys; ``{}`` when optional and empty.
+
+    An oversized one is a 400 like any other bad option body.
+    """
+    data = read_body(
+        request.stream,
+        request.content_length,
+        MAX_JSON_BODY_BYTES,
+        "the JSON body",
+        too_large=InvalidArgument,
+    )
+    if not data.strip():
+        if required:
+            raise InvalidArgument(f"a JSON object body is required with {', '.join(sorted(allowed))}")
+        return {}
+    try:
+        body = json.loads(data)
+    except UnicodeDecodeError:
+        raise InvalidArgument("body is not UTF-8 JSON") from None
+    except ValueError as err:
+        raise InvalidArgument(f"body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InvalidArgument("body JSON is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"body must be a JSON object, got {_json_type(body)}")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}"
+        )
+    return body
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a value")
+
+
+def json_int(body: dict[str, Any], key: str, *, minimum: int) -> int | None:
+    """An integer member of a JSON body (booleans and floats refused), or None when absent."""
+    if key not in body:
+        return None
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{key} must be an integer, got {json.dumps(value)[:60]}")
+    if value < minimum or value > INT64_MAX:
+        raise InvalidArgument(f"{key} must be between {minimum} and {INT64_MAX}, got {value}")
+    return value
+
+
+def json_str(body: dict[str, Any], key: str) -> str | None:
+    """A string member of a JSON body, or None when absent."""
+    if key not in body:
+        return None
+    value = body[key]
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{key} must be a string, got {json.dumps(value)[:60]}")
+    return value
+
+
+_UPDATE_KEYS = {"key", "type", "value", "expected"}
+
+
+def _int64(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value <= INT64_MAX:
+        raise InvalidArgument(f"{what} must be an int64, got {json.dumps(value)[:60]}")
+    return value
+
+
+def attribute_updates(body: dict[str, Any]) -> list[AttributeUpdate]:
+    """``{"updates": [{"key", "type", "value", "expected"}, ...]}`` as engine updates."""
+    raw = body.get("updates")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidArgument('the body needs "updates": a non-empty array of attribute updates')
+    updates = []
+    for i, item in enumerate(raw):
+        where = f"updates[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"{where} must be an object, got {_json_type(item)}")
+        unknown = sorted(set(item) - _UPDATE_KEYS)
+        if unknown:
+            raise InvalidArgument(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}")
+        key = item.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument(f"{where}.key must be a UUID string")
+        try:
+            kind = AttributeUpdateType(item.get("type"))
+        except ValueError:
+            known = ", ".join(t.value for t in AttributeUpdateType)
+            got = json.dumps(item.get("type"))[:60]
+            raise InvalidArgument(f"{where}.type must be one of {known}, got {got}") from None
+        if "value" not in item:
+            raise InvalidArgument(f"{where} needs a value")
+        expected = item.get("expected")
+        if kind is not AttributeUpdateType.REPLACE_IF_EQUALS and "expected" in item:
+            raise InvalidArgument(f"{where}: only replace_if_equals takes an expected value")
+        updates.append(
+            AttributeUpdate(
+                parse_uuid(key, f"{where}.key", InvalidArgument),
+                kind,
+                _int64(item["value"], f"{where}.value"),
+                None if expected is None else _int64(expected, f"{where}.expected"),
+            )
+        )
+    return updates
