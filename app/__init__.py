@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     native.init_app(app)
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
-    app.register_blueprint(s3.bp)
+    s3.init_app(app, store)
     app.after_request(_no_type_without_body)
     # Around every reader of a body (the stream append shortcut takes no chunked one).
     chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)

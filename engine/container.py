@@ -508,6 +508,17 @@ class SegmentContainer:
                 values.update({k: held.get(k, fetched[k]) for k in missing})
         return {uuid.UUID(k): v for k, v in values.items()}
 
+    def attribute_items(self, name: str) -> dict[uuid.UUID, int]:
+        """Every attribute of the segment: the index's values, overridden by those in memory."""
+        self._check_ready()
+        with self.metadata.lock:
+            seg = self.metadata.by_name(name)
+            held = dict(seg.attributes)
+            segment_id, indexed = seg.segment_id, seg.attribute_root is not None
+        values = self.attributes.items(segment_id) if indexed else {}
+        values.update(held)
+        return {uuid.UUID(k): v for k, v in values.items()}
+
     def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
         self._check_ready()
         with self.metadata.lock:
@@ -519,7 +530,7 @@ class SegmentContainer:
             names = sorted(
                 n
                 for n in self.metadata.names
-                if n.startswith(prefix) and (after is None or n > after) and not naming.is_internal(n)
+                if n.startswith(prefix) and (after is None or n > after) and not naming.hidden_from(prefix, n)
             )[:limit]
             return [self.metadata.by_name(n).info() for n in names]
 

@@ -1,6 +1,7 @@
 """Every name the engine gives or accepts: segment names, containers, files, keys.
 
-- Segment names follow API.md "Names"; ``validate_segment_name`` is the check.
+- User segment names follow API.md "Names"; ``validate_segment_name`` is the
+  check, ``validate_name`` the engine's (user names and reserved names).
 - ``container_for`` maps a name to a container with a stable hash (BLAKE2b),
   never Python's salted ``hash()``.
 - Tier 1 log files are ``<data>/tier1/c<container>/<first frame seq>.log``.
@@ -15,14 +16,27 @@
   Store Failover"). A segment name too long for a file name is replaced by
   its SHA-256. No name becomes a path unescaped.
 - Exported layouts are ``layouts/<escaped name>.json``.
-- Internal segments carry ``#`` (forbidden in user names) after their parent's
-  name: transactions ``<parent>#transaction.<id>``, merge staging
-  ``<target>#merge.<nonce>``. A segment's attribute index is stored in chunks
-  named for ``<name>#attributes`` (not a segment of its own).
-- A Durable Stream is ``streams/meta/<escaped name>`` and
-  ``streams/data/<escaped name>/<incarnation>``: any stream name, escaped
-  into one name part (bytes outside ``[A-Za-z0-9_-]`` become ``~HH``). No
-  ``#``: idle internal segments are aborted as stale transactions.
+- ``#`` is forbidden in user names, so names that carry it are the engine's
+  and the surfaces' own, out of every user's reach:
+
+  - **internal segments** carry ``#`` after their parent's name:
+    transactions ``<parent>#transaction.<id>``, merge staging
+    ``<target>#merge.<nonce>``. They live in their parent's container and
+    are aborted when idle or orphaned. A segment's attribute index is stored
+    in chunks named for ``<name>#attributes`` (not a segment of its own).
+  - **reserved names** start with ``#``: ``#<owner>/<rest>``, where ``rest``
+    is a valid user name, hold a protocol surface's internal state (owner
+    ``s3``: bucket markers, object records, staging and uploads; owner
+    ``stream``: a stream's ``meta/<escaped name>`` and
+    ``data/<escaped name>/<incarnation>``, no longer than the ordinary names
+    they replace). They are top-level segments:
+    hashed by their own name, never reaped. The native API refuses them and
+    listings show them only to a prefix that is itself reserved.
+  - ``#<owner>/migrated`` marks that the owner's state was moved out of the
+    ordinary names it used to have (``.s3/...``, ``streams/meta/...``,
+    ``streams/data/...``: the ``LEGACY_*`` prefixes).
+- A stream name is escaped into one name part: bytes outside
+  ``[A-Za-z0-9_-]`` become ``~HH``; an incarnation is 16 hex digits.
 """
 
 from __future__ import annotations
@@ -39,6 +53,13 @@ from urllib.parse import quote
 from engine.errors import InvalidName
 
 MAX_NAME_BYTES = 1024
+RESERVED_MARK = "#"
+S3_OWNER = "s3"
+STREAMS_OWNER = "stream"
+# Where the surfaces kept their state before it moved to reserved names (read once, to migrate).
+LEGACY_S3_PREFIX = ".s3/"
+LEGACY_STREAM_META_PREFIX = "streams/meta/"
+LEGACY_STREAM_DATA_PREFIX = "streams/data/"
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:#?\\%]")
 _LOG_FILE = re.compile(r"^(\d{20})\.log$")
 _MAX_KEY_PART = 180
@@ -61,6 +82,18 @@ def validate_segment_name(name: str) -> str:
     for part in name.split("/"):
         if part in ("", ".", ".."):
             raise InvalidName(f"segment name part {part!r} is empty, '.' or '..'")
+    return name
+
+
+@functools.lru_cache(maxsize=65536)
+def validate_name(name: str) -> str:
+    """Return ``name`` if the engine takes it: a user name, or a reserved ``#<owner>/<rest>`` one."""
+    if not name.startswith(RESERVED_MARK):
+        return validate_segment_name(name)
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES or "/" not in name:
+        raise InvalidName(f"a reserved name is #<owner>/<name> of at most {MAX_NAME_BYTES} bytes")
+    validate_segment_name(name[1:])
     return name
 
 
@@ -91,13 +124,43 @@ def attribute_segment_name(name: str) -> str:
 
 
 def parent_of(name: str) -> str:
-    """The user segment an internal segment belongs to (a user name is its own parent)."""
-    return name.partition("#")[0]
+    """The segment an internal segment belongs to (user and reserved names are their own parents)."""
+    cut = name.find(RESERVED_MARK, 1)
+    return name if cut < 0 else name[:cut]
 
 
 def is_internal(name: str) -> bool:
-    """True for transactions and merge staging segments (names no user can give)."""
-    return "#" in name
+    """True for transactions and merge staging segments (``#`` after their parent's name)."""
+    return name.find(RESERVED_MARK, 1) >= 0
+
+
+def is_reserved(name: str) -> bool:
+    """True for a surface's internal state (``#<owner>/...``) and that state's internal segments."""
+    return name.startswith(RESERVED_MARK)
+
+
+def hidden_from(prefix: str, name: str) -> bool:
+    """True when a listing of ``prefix`` must not show ``name``.
+
+    Internal segments never show; reserved names show only to a prefix that
+    is itself reserved (a surface listing its own state).
+    """
+    return RESERVED_MARK in name[len(prefix) :]
+
+
+def reserved_prefix(owner: str, kind: str = "") -> str:
+    """Where ``owner``'s state of ``kind`` lives: ``#<owner>/<kind>/`` (``#<owner>/`` for all of it)."""
+    return f"{RESERVED_MARK}{owner}/{kind}/" if kind else f"{RESERVED_MARK}{owner}/"
+
+
+def reserved_name(owner: str, kind: str, rest: str) -> str:
+    """The reserved name ``#<owner>/<kind>/<rest>`` of a surface's state (``rest`` a user-style name)."""
+    return reserved_prefix(owner, kind) + rest
+
+
+def migrated_marker(owner: str) -> str:
+    """The segment whose existence says ``owner``'s state no longer lives under ordinary names."""
+    return f"{RESERVED_MARK}{owner}/migrated"
 
 
 def tier1_dir(data_dir: Path, container_id: int) -> Path:
@@ -240,12 +303,13 @@ def layout_key(segment_name: str) -> str:
     return f"layouts/{_escaped(segment_name)}.json"
 
 
-STREAM_META_PREFIX = "streams/meta/"
-STREAM_DATA_PREFIX = "streams/data/"
+STREAM_META_PREFIX = reserved_prefix(STREAMS_OWNER, "meta")
+STREAM_DATA_PREFIX = reserved_prefix(STREAMS_OWNER, "data")
 _STREAM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
-def _stream_part(name: str) -> str:
+def stream_part(name: str) -> str:
+    """A stream name escaped into one name part."""
     return "".join(
         chr(b) if b in _STREAM_SAFE else f"~{b:02X}" for b in name.encode("utf-8", "surrogatepass")
     )
@@ -253,17 +317,17 @@ def _stream_part(name: str) -> str:
 
 def stream_meta_segment(name: str) -> str:
     """The segment of a stream's configuration and state records."""
-    return STREAM_META_PREFIX + _stream_part(name)
+    return STREAM_META_PREFIX + stream_part(name)
 
 
 def stream_data_segment(name: str, incarnation: str) -> str:
     """The segment of the messages of one incarnation of a stream (a recreated stream is a new one)."""
-    return f"{STREAM_DATA_PREFIX}{_stream_part(name)}/{incarnation}"
+    return f"{STREAM_DATA_PREFIX}{stream_part(name)}/{incarnation}"
 
 
-def stream_of_meta_segment(segment: str) -> str:
-    """The stream name a meta segment belongs to."""
-    part = segment.removeprefix(STREAM_META_PREFIX)
+def stream_of_meta_segment(segment: str, prefix: str = STREAM_META_PREFIX) -> str:
+    """The stream name a meta segment (under ``prefix``) belongs to."""
+    part = segment.removeprefix(prefix)
     out = bytearray()
     i = 0
     while i < len(part):
@@ -274,3 +338,8 @@ def stream_of_meta_segment(segment: str) -> str:
             out.append(ord(part[i]))
             i += 1
     return out.decode("utf-8", "surrogatepass")
+
+
+def s3_state_name(kind: str, rest: str) -> str:
+    """A reserved name of the S3 surface's state: ``#s3/<kind>/<rest>`` (buckets, etags, uploads...)."""
+    return reserved_name(S3_OWNER, kind, rest)

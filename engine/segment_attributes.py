@@ -76,6 +76,10 @@ class SegmentAttributes:
         found = self._index(segment_id).get(uuid.UUID(k).bytes for k in keys)
         return {k: found.get(uuid.UUID(k).bytes) for k in keys}
 
+    def items(self, segment_id: int) -> dict[str, int]:
+        """Every key and value in the index, as of its root now. Blocks on Tier 2 for uncached pages."""
+        return {str(uuid.UUID(bytes=k)): v for k, v in self._index(segment_id).items()}
+
     def write(
         self,
         segment_id: int,

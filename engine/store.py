@@ -41,7 +41,7 @@ from engine.errors import (
     Throttled,
 )
 from engine.metrics import EngineMetrics
-from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_segment_name
+from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_name
 from engine.tier2.chunk_storage import ChunkExists, ChunkStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
@@ -213,7 +213,7 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ routing
     def _container(self, name: str) -> SegmentContainer:
-        validate_segment_name(name)
+        validate_name(name)
         if not self._containers:
             raise ContainerNotReady("the store has not started")
         return self._containers[container_for(name, len(self._containers))]
@@ -273,6 +273,13 @@ class SegmentStore:
         """The values of ``keys`` (None: no value)."""
         return self._container(name).get_attributes(name, keys)
 
+    def attribute_items(self, name: str) -> dict[uuid.UUID, int]:
+        """Every attribute the segment has (writer ids included), e.g. to carry them to a copy.
+
+        A snapshot: an update running meanwhile may or may not show.
+        """
+        return self._container(name).attribute_items(name)
+
     def read(
         self,
         name: str,
@@ -321,8 +328,9 @@ class SegmentStore:
     ) -> tuple[list[SegmentInfo], str | None]:
         """Segments whose name starts with ``prefix``, in name order, after ``after``.
 
-        Returns the page and the name to pass as ``after`` for the next page
-        (None when there is no more).
+        Internal segments never show, reserved names (``#<owner>/...``) only
+        to a reserved ``prefix``. Returns the page and the name to pass as
+        ``after`` for the next page (None when there is no more).
         """
         if limit < 1:
             raise InvalidArgument("limit must be at least 1")

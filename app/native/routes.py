@@ -446,6 +446,8 @@ def list_segments() -> Response:
     """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
     ops.set_route("/v1/segments")
     prefix = params.str_param(request, "prefix") or ""
+    if "#" in prefix:
+        raise InvalidName("a listing prefix never contains '#': no segment a user names does")
     after = params.str_param(request, "after") or None
     limit = params.int_param(request, "limit", minimum=1, maximum=LIST_LIMIT_MAX)
     page, next_after = store().list(prefix, after=after, limit=LIST_LIMIT_DEFAULT if limit is None else limit)

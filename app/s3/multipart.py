@@ -1,7 +1,7 @@
 """Multipart uploads as transactions (seed 004: commit = merge, abort = delete).
 
-An upload is the segment ``.s3/uploads/<upload id>`` (in the target's
-container) and a part log ``.s3/parts/<upload id>``: its first line names
+An upload is the segment ``#s3/uploads/<upload id>`` (in the target's
+container) and a part log ``#s3/parts/<upload id>``: its first line names
 the bucket and key (with the object's metadata and checksum algorithm),
 every later line records one UploadPart ``{"part": n, "tx": txid, "etag":
 md5, "size": bytes, "time": unix s[, "checksum": base64]}`` (a part sent
@@ -20,7 +20,7 @@ CompleteMultipartUpload, holding a lock of the upload, then of the key:
    the first did), aborts the others and seals the upload segment;
 4. publishes it as the object (``objects.replace``) with S3's ETag
    ``md5(md5(part 1) ... md5(part N))-N``;
-5. records the completion in ``.s3/completed/<upload id>`` (ETag, checksum,
+5. records the completion in ``#s3/completed/<upload id>`` (ETag, checksum,
    object segment id) and drops the part log.
 
 A crash anywhere leaves what a retry of the Complete finishes: before 2,
@@ -61,6 +61,7 @@ from engine import (
     SegmentSealed,
     SegmentStore,
     SegstoreError,
+    s3_state_name,
 )
 
 PART_NUMBER_MAX = 10000
@@ -86,15 +87,15 @@ class Part:
 
 
 def upload_name(upload_id: str) -> str:
-    return f"{objects.META}/uploads/{upload_id}"
+    return s3_state_name("uploads", upload_id)
 
 
 def parts_name(upload_id: str) -> str:
-    return f"{objects.META}/parts/{upload_id}"
+    return s3_state_name("parts", upload_id)
 
 
 def completed_name(upload_id: str) -> str:
-    return f"{objects.META}/completed/{upload_id}"
+    return s3_state_name("completed", upload_id)
 
 
 def create(store: SegmentStore, bucket: str, key: str, meta: dict[str, str], algorithm: str | None) -> str:

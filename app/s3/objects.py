@@ -1,20 +1,21 @@
 """Objects and buckets as segments, composed from the engine's public calls (no storage logic).
 
-Layout, all in ordinary segment names so nothing here needs engine support:
+Layout: objects are ordinary segments; everything else is the surface's
+state, in reserved names (``#s3/...``, ``engine/naming.py``) that the native
+API refuses and native listings hide:
 
 - object ``key`` of bucket ``b`` is the segment ``b/key``;
-- bucket ``b`` exists when the empty sealed segment ``.s3/buckets/b`` does
-  (``.s3`` is not a valid bucket name, so it never collides with an object);
+- bucket ``b`` exists when the empty sealed segment ``#s3/buckets/b`` does;
 - what an object keeps besides its bytes (``metadata.Stored``: its ETag,
   the MD5 of its bytes computed while the upload streamed, its metadata
-  headers, checksum and part sizes) is kept in ``.s3/etags/b/key`` as a JSON
+  headers, checksum and part sizes) is kept in ``#s3/etags/b/key`` as a JSON
   line ``{"id": segment id, "length": n, "etag": hex, ...}``. It only counts
   while the object's segment id and length still match: a segment written or
   replaced through the native API gets a derived ETag ``<md5 of
   id:length>-1`` and no metadata instead, never a wrong MD5. HEAD reads this
   record, never the object;
-- a PutObject stages its bytes in ``.s3/staging/<uuid>`` and a multipart
-  upload collects its parts in ``.s3/uploads/<upload id>``; both names are
+- a PutObject stages its bytes in ``#s3/staging/<uuid>`` and a multipart
+  upload collects its parts in ``#s3/uploads/<upload id>``; both names are
   picked in the target's container, so publishing them is a metadata-only
   merge, whatever the object's size.
 
@@ -52,12 +53,12 @@ from engine import (
     SegmentStore,
     SegstoreError,
     Throttled,
+    s3_state_name,
     validate_segment_name,
 )
 
 log = logging.getLogger(__name__)
 
-META = ".s3"
 # The one region a bucket reports (GetBucketLocation answers the empty us-east-1 constraint).
 REGION = "us-east-1"
 # How long one append of an upload waits out back-pressure before the upload fails (SlowDown).
@@ -116,20 +117,20 @@ def object_name(bucket: str, key: str) -> str:
 
 
 def bucket_marker(bucket: str) -> str:
-    return f"{META}/buckets/{bucket}"
+    return s3_state_name("buckets", bucket)
 
 
 def record_name(name: str) -> str | None:
     """Where object segment ``name`` keeps its ``Stored`` (None: the name would be too long)."""
-    record = f"{META}/etags/{name}"
+    record = s3_state_name("etags", name)
     return record if len(record.encode()) <= 1024 else None
 
 
 def colocated(store: SegmentStore, kind: str, target: str) -> str:
-    """A fresh ``.s3/<kind>/<uuid>`` name in ``target``'s container (a merge then copies nothing)."""
+    """A fresh ``#s3/<kind>/<uuid>`` name in ``target``'s container (a merge then copies nothing)."""
     want = store.container_of(target)
     while True:
-        name = f"{META}/{kind}/{uuid.uuid4().hex}"
+        name = s3_state_name(kind, uuid.uuid4().hex)
         if store.container_of(name) == want:
             return name
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from urllib.parse import parse_qs, unquote
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.http import parse_date
 from werkzeug.routing import BaseConverter
 
@@ -23,6 +23,7 @@ from app.s3 import (
     checksums,
     listing,
     metadata,
+    migration,
     multipart,
     objects,
     reading,
@@ -68,6 +69,18 @@ bp.record_once(
 bp.register_error_handler(S3Error, answers.render)
 bp.register_error_handler(SegstoreError, answers.render_engine_error)
 bp.register_error_handler(Exception, answers.render_unexpected)
+
+
+def init_app(app: Flask, store: SegmentStore) -> None:
+    """Register the routes (last: they take whatever path the others leave) and migrate old state."""
+    app.register_blueprint(bp)
+    migration.start(store)
+
+
+@bp.before_request
+def _migrated() -> None:
+    """No S3 request runs before the surface's state is under its reserved names."""
+    migration.ensure(_store())
 
 
 def _store() -> SegmentStore:

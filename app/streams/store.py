@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from app.streams import appends, creation
+from app.streams import appends, creation, migration
 from app.streams.errors import StreamGone, StreamNotFound
 from app.streams.format import FRAME, format_offset, parse_offset, unframe
 from app.streams.producers import SEQ_GENERATION_KEY, AppendOutcome, Producer
@@ -82,12 +82,16 @@ class StreamStore:
         return [s.name for s in expired]
 
     def ensure_loaded(self) -> None:
-        """Read every meta segment once; drop half-created or half-deleted leftovers."""
+        """Read every meta segment once; drop half-created or half-deleted leftovers.
+
+        Streams of a data folder from before reserved names move to them first (``migration``).
+        """
         if self._loaded:
             return
         with self.lock:
             if self._loaded:
                 return
+            migration.migrate(self.store)
             streams: dict[str, Stream] = {}
             for segment in self._list(STREAM_META_PREFIX):
                 name = stream_of_meta_segment(segment)

@@ -65,6 +65,19 @@ def test_clean_values_are_evicted_and_read_back_from_the_index(make_node: Callab
     assert node.store.get_attributes("s", [uuid.UUID(int=999)]) == {uuid.UUID(int=999): None}
 
 
+def test_attribute_items_lists_values_in_memory_and_those_only_in_the_index(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(**TIGHT)
+    assert node.store.create("empty") and node.store.attribute_items("empty") == {}
+    _fill(node)
+    node.store.flush()
+    wait_until(lambda: len(_held(node)) <= 8, what="eviction")
+    node.store.update_attributes("s", [AttributeUpdate(KEYS[0], T.REPLACE, -1)])  # newer in memory
+    expected = {k: k.int * 10 for k in KEYS} | {KEYS[0]: -1}
+    assert node.store.attribute_items("s") == expected
+
+
 def test_conditions_on_evicted_values_use_fetched_values(make_node: Callable[..., Node]) -> None:
     node = make_node(**TIGHT)
     _fill(node)

@@ -8,10 +8,12 @@ from app.streams.format import format_offset, frame, json_payload, json_values, 
 from engine import InvalidArgument
 from engine.naming import (
     STREAM_META_PREFIX,
+    is_internal,
+    is_reserved,
     stream_data_segment,
     stream_meta_segment,
     stream_of_meta_segment,
-    validate_segment_name,
+    validate_name,
 )
 
 
@@ -26,12 +28,13 @@ def test_offsets_sort_as_strings_and_parse_back() -> None:
 
 
 @pytest.mark.parametrize("name", ["a", "a/b", "a:b#c?d%e\\f", "..", "/lead//double/", "ünï cödé", "~7E"])
-def test_any_stream_name_is_one_valid_segment_name_part(name: str) -> None:
+def test_any_stream_name_is_one_part_of_a_reserved_name(name: str) -> None:
     meta = stream_meta_segment(name)
     escaped = meta.removeprefix(STREAM_META_PREFIX)
-    assert "/" not in escaped and escaped not in (".", "..") and "#" not in meta
-    assert validate_segment_name(meta)
-    assert validate_segment_name(stream_data_segment(name, "0123abcd"))
+    assert "/" not in escaped and escaped not in (".", "..") and "#" not in escaped
+    data = stream_data_segment(name, "0123abcd")
+    for segment in (meta, data):
+        assert validate_name(segment) and is_reserved(segment) and not is_internal(segment)
     assert stream_of_meta_segment(meta) == name
 
 

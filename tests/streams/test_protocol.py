@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 
 from app.streams.producers import producer_keys
 from app.streams.store import StreamStore
-from engine import SegmentStore, stream_meta_segment
+from engine import STREAM_DATA_PREFIX, STREAM_META_PREFIX, SegmentStore, stream_meta_segment
 
 URL = "/v1/stream/"
 
@@ -276,7 +276,7 @@ def test_deleted_source_is_soft_deleted_until_its_last_fork_goes(
     assert client.get(URL + "f0?offset=-1").data == b"data"
     assert client.delete(URL + "f0").status_code == 204
     assert client.get(URL + "s0").status_code == 404
-    assert store.list("streams/")[0] == []
+    assert store.list(STREAM_META_PREFIX)[0] == store.list(STREAM_DATA_PREFIX)[0] == []
 
 
 def test_expired_streams_are_deleted_by_the_reaper(client: FlaskClient, store: SegmentStore) -> None:
@@ -284,9 +284,9 @@ def test_expired_streams_are_deleted_by_the_reaper(client: FlaskClient, store: S
     put(client, "at", "x", Stream_Expires_At="2000-01-01T00:00:00Z")
     put(client, "kept", "x")
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and len(store.list("streams/data/")[0]) > 1:
+    while time.monotonic() < deadline and len(store.list(STREAM_DATA_PREFIX)[0]) > 1:
         time.sleep(0.1)
-    assert [i.name.split("/")[2] for i in store.list("streams/data/")[0]] == ["kept"]
+    assert [i.name.split("/")[2] for i in store.list(STREAM_DATA_PREFIX)[0]] == ["kept"]
     assert client.head(URL + "ttl").status_code == 404
 
 
