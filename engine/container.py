@@ -36,7 +36,8 @@ from engine.errors import (
     SegstoreError,
     Throttled,
 )
-from engine.metadata import ContainerMetadata, Outcome
+from engine.metadata import ContainerMetadata
+from engine.metadata_updater import Outcome
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 from engine.segment_attributes import SegmentAttributes

@@ -3,10 +3,8 @@
 ``ContainerMetadata`` is the committed state: it changes only through
 ``apply`` (an operation made durable, or replayed in recovery) and through
 the storage writer (storage length, sealed in storage, collection of deleted
-segments). ``MetadataUpdater`` is the operation processor's scratch view of
-one batch: it validates requests against committed state plus the batch's
-earlier operations, assigns offsets and sequence numbers, and is thrown away
-if the Tier 1 write fails (that is the rollback).
+segments). The processor's view of a batch not yet durable is
+``engine.metadata_updater.MetadataUpdater``.
 
 Invariants, asserted on every change:
 ``0 <= start_offset <= length``, ``storage_length <= length``, start offset
@@ -23,27 +21,17 @@ commit answers with the first one's offset.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import threading
-import time
-from collections import ChainMap
 from collections.abc import Iterable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from engine import operations as ops
-from engine.attributes import INT64_MAX, INT64_MIN, Preloaded, resolve
+from engine.attributes import Preloaded
 from engine.errors import (
     AttributesNotLoaded,
-    BadOffset,
-    ConditionalCheckFailed,
-    InvalidArgument,
     LayoutChanged,
-    SegmentExists,
     SegmentNotFound,
-    SegmentNotSealed,
-    SegmentSealed,
 )
 from engine.tier2.chunked import ChunkRef, Layout, check_layout, concat_layouts, layout_from_json
 from engine.types import SegmentInfo
@@ -481,212 +469,3 @@ class ContainerMetadata:
                 if not seg.deleted:
                     self.names[seg.name] = seg.segment_id
                     self.unflushed_bytes += seg.length - seg.storage_length
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a processed request resolves to once its batch is durable.
-
-    ``logged`` False: nothing was written (a duplicate, or a no-op such as
-    sealing a sealed segment); the answer still waits for the batch so that it
-    never reports state that a failed write would undo.
-    """
-
-    logged: bool
-    duplicate_of: int | None = None
-
-
-def _staged_attributes(seg: SegmentMetadata, committed: bool) -> ChainMap[str, int]:
-    """A batch's attribute view of ``seg``, where its own changes go.
-
-    Over committed values it costs O(1). Over the view of a batch in flight,
-    that batch's changes (and those under them) are merged into one map, so
-    the chain stays three maps long however many batches follow each other.
-    """
-    if committed:
-        return ChainMap({}, seg.attributes)
-    if not isinstance(seg.attributes, ChainMap):  # created by a batch in flight
-        return ChainMap({}, dict(seg.attributes))
-    merged: dict[str, int] = {}
-    for layer in reversed(seg.attributes.maps[:-1]):
-        merged.update(layer)
-    return ChainMap({}, merged, seg.attributes.maps[-1])
-
-
-class MetadataUpdater:
-    """One batch's view of the metadata: validate, assign, and stage changes.
-
-    With several Tier 1 writes in flight a batch is validated on top of the
-    batches before it that are not committed yet: its ``parent`` (and the
-    parent's parent), cut off once the parent's batch is committed.
-    """
-
-    def __init__(self, base: ContainerMetadata, parent: MetadataUpdater | None = None) -> None:
-        self.base = base
-        self.parent = parent
-        self.seq = base.seq if parent is None else parent.seq
-        self.next_segment_id = base.next_segment_id if parent is None else parent.next_segment_id
-        self._segments: dict[int, SegmentMetadata] = {}
-        self._names: dict[str, int | None] = {}
-
-    def _staged_id(self, name: str) -> tuple[bool, int | None]:
-        """(True, id or None for a released name) if this batch or one in flight before it named ``name``."""
-        updater: MetadataUpdater | None = self
-        while updater is not None:
-            if name in updater._names:
-                return True, updater._names[name]
-            updater = updater.parent
-        return False, None
-
-    def _staged_segment(self, seg_id: int) -> tuple[SegmentMetadata, bool]:
-        """The newest view of a segment, and whether it is the committed one (else a batch in flight's)."""
-        updater = self.parent
-        while updater is not None:
-            if seg_id in updater._segments:
-                return updater._segments[seg_id], False
-            updater = updater.parent
-        return self.base.segments[seg_id], True
-
-    def _lookup(self, name: str) -> SegmentMetadata:
-        staged, seg_id = self._staged_id(name)
-        if not staged:
-            seg_id = self.base.names.get(name)
-        if seg_id is None:
-            raise SegmentNotFound(f"segment {name!r} does not exist")
-        if seg_id not in self._segments:
-            newest, committed = self._staged_segment(seg_id)
-            attributes = _staged_attributes(newest, committed)
-            self._segments[seg_id] = dataclasses.replace(newest, attributes=attributes)
-        return self._segments[seg_id]
-
-    def segment_info(self, name: str) -> SegmentInfo:
-        return self._lookup(name).info()
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def pre_process(self, op: ops.Operation) -> Outcome:
-        """Validate ``op`` and stage it; raise a SegstoreError if it must be refused."""
-        with self.base.lock:
-            if isinstance(op, ops.MetadataCheckpoint):
-                op.seq = self.next_seq()
-                return Outcome(True)
-            assert isinstance(op, ops.SegmentOperation)
-            if isinstance(op, ops.CreateSegment):
-                return self._create(op)
-            seg = self._lookup(op.name)
-            if op.segment_id not in (-1, seg.segment_id):
-                raise SegmentNotFound(f"segment {op.name!r} (id {op.segment_id}) was deleted")
-            op.segment_id = seg.segment_id
-            if isinstance(op, ops.MergeSegment):
-                return self._merge(op, seg)
-            outcome = self._validate(op, seg)
-            if outcome.logged:
-                op.seq = self.next_seq()
-                seg.apply(op)
-                if isinstance(op, ops.Delete):
-                    self._names[seg.name] = None
-            return outcome
-
-    def _merge(self, op: ops.MergeSegment, target: SegmentMetadata) -> Outcome:
-        if op.source == target.name:
-            raise InvalidArgument(f"segment {target.name!r} cannot be merged into itself")
-        if target.sealed:
-            raise SegmentSealed(f"segment {target.name!r} is sealed", segment=target.info())
-        source = self._lookup(op.source)
-        if op.source_id not in (-1, source.segment_id):
-            raise SegmentNotFound(f"segment {op.source!r} (id {op.source_id}) was deleted")
-        if not source.sealed:
-            raise SegmentNotSealed(f"segment {source.name!r} must be sealed before it is merged")
-        if source.start_offset > 0:
-            raise InvalidArgument(f"segment {source.name!r} is truncated; only a whole segment can be merged")
-        op.source_id = source.segment_id
-        op.offset = target.length
-        op.length = source.length
-        op.timestamp = time.time()
-        if not op.record_as:
-            op.record_as, op.record_created = source.name, source.created
-        op.seq = self.next_seq()
-        merge_into(target, source, op)
-        self._names[source.name] = None
-        return Outcome(True)
-
-    def _create(self, op: ops.CreateSegment) -> Outcome:
-        try:
-            existing = self._lookup(op.name)
-        except SegmentNotFound:
-            pass
-        else:
-            raise SegmentExists(f"segment {op.name!r} already exists", segment=existing.info())
-        if isinstance(op, ops.ForkSegment):
-            # Committed state: only applied operations change a layout, and this thread applies them.
-            check_fork(op, self._lookup(op.source))
-        op.segment_id = self.next_segment_id
-        self.next_segment_id += 1
-        op.seq = self.next_seq()
-        self._segments[op.segment_id] = new_segment(op)
-        self._names[op.name] = op.segment_id
-        return Outcome(True)
-
-    def _validate(self, op: ops.SegmentOperation, seg: SegmentMetadata) -> Outcome:
-        if isinstance(op, ops.Append):
-            if seg.sealed:
-                raise SegmentSealed(f"segment {seg.name!r} is sealed", segment=seg.info())
-            if op.expected_offset is not None and op.expected_offset != seg.length:
-                raise ConditionalCheckFailed(
-                    f"expected offset {op.expected_offset}, but the length is {seg.length}",
-                    segment=seg.info(),
-                )
-            current = functools.partial(self._attribute, seg, op.preloaded)
-            if op.writer_id is not None:
-                last = current(str(op.writer_id))
-                assert op.event_number is not None
-                if last is not None and op.event_number <= last:
-                    return Outcome(False, duplicate_of=last)
-            if op.attribute_updates:
-                op.attributes = resolve(op.attribute_updates, current, seg.info())
-                if op.writer_id is not None and str(op.writer_id) in op.attributes:
-                    raise InvalidArgument(f"attribute {op.writer_id} is the append's writer id")
-            op.offset = seg.length
-            op.timestamp = time.time()
-            return Outcome(True)
-        if isinstance(op, ops.Seal):
-            return Outcome(not seg.sealed)
-        if isinstance(op, ops.Truncate):
-            if op.offset > seg.length:
-                error = SegmentSealed if seg.sealed else BadOffset
-                raise error(
-                    f"truncate offset {op.offset} is past the length {seg.length}",
-                    segment=seg.info(),
-                )
-            return Outcome(op.offset > seg.start_offset)
-        if isinstance(op, ops.UpdateAttributes):
-            if seg.sealed:
-                raise SegmentSealed(f"segment {seg.name!r} is sealed", segment=seg.info())
-            if op.updates:
-                current = functools.partial(self._attribute, seg, op.preloaded)
-                op.attributes = resolve(op.updates, current, seg.info())
-            for key, value in op.attributes.items():
-                if not INT64_MIN <= value <= INT64_MAX:
-                    raise InvalidArgument(f"attribute {key} value {value} is not an int64")
-            return Outcome(True)
-        return Outcome(True)
-
-    def _attribute(self, seg: SegmentMetadata, preloaded: Preloaded | None, key: str) -> int | None:
-        """A key's value in this batch: staged or committed memory, else the operation's preload.
-
-        Eviction changes the committed segment (under the lock held here), so
-        its count is read there, not from the batch's copy.
-        """
-        if key in seg.attributes:
-            return seg.attributes[key]
-        committed = self.base.segments.get(seg.segment_id)
-        if committed is None:  # created by a batch still in flight: every value is staged
-            return None
-        return committed.attribute(key, preloaded)
-
-    def burn_sequence_numbers(self) -> None:
-        """After a failed write: sequence numbers are never reused (seed 000)."""
-        with self.base.lock:
-            self.base.seq = max(self.base.seq, self.seq)

@@ -39,10 +39,10 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
 from operator import itemgetter, le
 
 from engine.attribute_index.cache import NodeCache
+from engine.attribute_index.leaf_edit import changed_leaf
 from engine.attribute_index.page import (
     INDEX_ENTRY_BYTES,
     INT64_MAX,
@@ -68,8 +68,6 @@ Ptr = tuple[int, int, int]
 _INF = float("inf")
 # Progressive compaction moves pages until their bytes reach this share of the batch's own.
 COMPACTION_RATIO = 0.125
-# Above this many changes to one leaf, rebuild it from a dict instead of inserting one by one.
-_REBUILD_CHANGES = 64
 _first = itemgetter(0)
 
 
@@ -279,7 +277,7 @@ class AttributeIndex:
         """The pieces that replace the page at ``ptr`` once ``items[lo:hi]`` apply; None if unchanged."""
         node = self._fetch(ptr[0], ptr[1])
         if type(node) is Leaf:
-            leaf = _changed_leaf(node, items, lo, hi)
+            leaf = changed_leaf(node, items, lo, hi)
             if leaf is None:
                 return None
             replaced.append(ptr[0])
@@ -515,52 +513,3 @@ def _lowest_kept(draft: Draft) -> float:
     if type(draft) is Leaf:
         return _INF
     return min(kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in draft.kids)
-
-
-def _changed_leaf(node: Leaf, items: list[tuple[bytes, int | None]], lo: int, hi: int) -> Leaf | None:
-    """``node`` with ``items[lo:hi]`` applied, or None when they change nothing."""
-    keys, values = node.keys, node.values
-    if hi - lo > _REBUILD_CHANGES:
-        merged = dict(zip(keys, values, strict=True))
-        changed = False
-        for key, value in islice(items, lo, hi):
-            if value is None:
-                changed |= merged.pop(key, None) is not None
-            elif merged.get(key) != value:
-                merged[key] = value
-                changed = True
-        if not changed:
-            return None
-        new_keys = sorted(merged)
-        return Leaf(new_keys, array("q", map(merged.__getitem__, new_keys)))
-    count = len(keys)
-    updates: list[tuple[int, int]] = []
-    edits: list[tuple] = []
-    at = 0
-    for key, value in islice(items, lo, hi):
-        at = bisect_left(keys, key, at)
-        if at < count and keys[at] == key:
-            if value is None:
-                edits.append((at, 1))
-            elif values[at] != value:
-                updates.append((at, value))
-        elif value is not None:
-            edits.append((at, 0, key, value))
-    if not updates and not edits:
-        return None
-    new_values = values[:]
-    for at, value in updates:
-        new_values[at] = value
-    if not edits:
-        return Leaf(keys, new_values, node.key_bytes)
-    new_keys = keys[:]
-    # Last position first, so earlier positions stay valid; at one position
-    # the removal goes before the inserts, and larger inserted keys before smaller.
-    for edit in reversed(edits):
-        if edit[1]:
-            del new_keys[edit[0]]
-            del new_values[edit[0]]
-        else:
-            new_keys.insert(edit[0], edit[2])
-            new_values.insert(edit[0], edit[3])
-    return Leaf(new_keys, new_values)

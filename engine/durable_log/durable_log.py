@@ -44,7 +44,8 @@ from engine.durable_log.data_log import DurableDataLog, LogFenced, PendingWrite
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog
 from engine.errors import ContainerNotReady, DataCorrupted, SegstoreError, StorageFull
-from engine.metadata import ContainerMetadata, MetadataUpdater, Outcome
+from engine.metadata import ContainerMetadata
+from engine.metadata_updater import MetadataUpdater, Outcome
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 

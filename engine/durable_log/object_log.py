@@ -9,10 +9,7 @@ Layout (``engine.naming``): write number ``n`` of container ``c`` is the
 object ``c{c}/wal/{n:020d}``, created put-if-absent (S3: ``If-None-Match:
 *``); it is durable once the create returned. ``c{c}/epochs/`` holds the
 newest epoch claimed, ``c{c}/start/`` the write the log starts at after a
-truncation. An object's bytes are
-
-    magic "SGW2" | epoch u64 | generation u32 | base u64 | CRC32C u32 of the header | frames
-
+truncation. An object's bytes are in ``engine.durable_log.wal_object``:
 ``(epoch, generation)`` names its writer: a new owner claims a new epoch, a
 writer that repairs its log after a failed write takes a new generation.
 ``base``: every write below it was in the bucket when this one was begun. A
@@ -44,16 +41,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import struct
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import crc32c
-
 from engine.durable_log import frames
 from engine.durable_log.data_log import LogFenced, PendingWrite, write_one
+from engine.durable_log.wal_object import HEADER_BYTES, WalObject, Writer, decode_object, encode_object
 from engine.errors import DataCorrupted
 from engine.naming import (
     epoch_name,
@@ -76,9 +71,6 @@ from engine.tier2.chunk_storage import (
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SGW2"
-_HEADER = struct.Struct(">4sQIQI")
-HEADER_BYTES = _HEADER.size
 # The most writes a writer of the log may have in flight; a fence covers as many names.
 REACH = 8
 # A writer acknowledges a write only within this long of having seen no newer epoch...
@@ -91,31 +83,6 @@ _RECOVERY_ATTEMPTS = 50
 _FENCE_AHEAD_MAX = 1024
 # Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
 _READERS = 16
-
-Writer = tuple[int, int]  # (epoch, generation), compared as a tuple
-
-
-@dataclass(frozen=True, slots=True)
-class WalObject:
-    writer: Writer
-    base: int
-    body: bytes  # frames; none in a fence or a filled hole
-
-
-def encode_object(writer: Writer, base: int, body: bytes) -> bytes:
-    head = _HEADER.pack(MAGIC, writer[0], writer[1], base, 0)[:-4]
-    return head + crc32c.crc32c(head).to_bytes(4, "big") + body
-
-
-def decode_object(name: str, data: bytes) -> WalObject:
-    """The writer, base and frames of a WAL object; DataCorrupted if its header is not whole."""
-    if len(data) < _HEADER.size:
-        raise DataCorrupted(f"Tier 1 object {name}: {len(data)} bytes, shorter than its header")
-    magic, epoch, generation, base, crc = _HEADER.unpack_from(data)
-    if magic != MAGIC or crc32c.crc32c(data[: _HEADER.size - 4]) != crc:
-        raise DataCorrupted(f"Tier 1 object {name}: bad header")
-    return WalObject((epoch, generation), base, data[_HEADER.size :])
-
 
 @dataclass(slots=True)
 class _Entry:

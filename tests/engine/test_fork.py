@@ -18,7 +18,7 @@ from engine import (
 )
 from engine import operations as ops
 from engine.errors import LayoutChanged
-from engine.metadata import MetadataUpdater
+from engine.metadata_updater import MetadataUpdater
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, logged_operations, small_settings
 

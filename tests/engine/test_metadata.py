@@ -18,7 +18,8 @@ from engine import (
     SegmentStore,
 )
 from engine import operations as ops
-from engine.metadata import ContainerMetadata, MetadataUpdater, Outcome
+from engine.metadata import ContainerMetadata
+from engine.metadata_updater import MetadataUpdater, Outcome
 from engine.tier2.chunked import ChunkRef
 
 W1, W2 = uuid.UUID(int=1), uuid.UUID(int=2)

@@ -22,7 +22,7 @@ from engine import operations as ops
 from engine.container import SegmentContainer
 from engine.durable_log.completion import Completion
 from engine.durable_log.object_log import ObjectDataLog
-from engine.metadata import Outcome
+from engine.metadata_updater import Outcome
 from engine.metrics import EngineMetrics
 from engine.naming import wal_prefix
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageError
