@@ -114,3 +114,8 @@ class StoreLocked(SegstoreError):
     """Another process owns the data directory."""
 
     code = "StoreLocked"
+
+
+class Misconfigured(InvalidArgument):
+    """The settings cannot work, whatever is retried: another Tier 2 than the data folder was
+    created with, a missing bucket, refused credentials. The server refuses to start."""

@@ -163,6 +163,15 @@ def migrated_marker(owner: str) -> str:
     return f"{RESERVED_MARK}{owner}/migrated"
 
 
+def is_transaction(name: str) -> bool:
+    """True for the segment of an open transaction (``transaction_name``)."""
+    return "#transaction." in name
+
+
+# The store record (engine/store_record.py): in the data folder, or beside an S3 Tier 1's log.
+STORE_RECORD_NAME = "store.json"
+
+
 def tier1_dir(data_dir: Path, container_id: int) -> Path:
     return data_dir / "tier1" / f"c{container_id}"
 
