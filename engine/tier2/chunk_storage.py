@@ -31,6 +31,17 @@ class ChunkStorageError(Exception):
     """A chunk operation failed; the caller may retry it."""
 
 
+class ChunkStorageUnusable(ChunkStorageError):
+    """The storage refuses us as configured (no such bucket, credentials refused, no permission).
+
+    Retrying does not help; at start this is a misconfiguration, not an outage.
+    """
+
+
+class ChunkStorageFull(ChunkStorageError):
+    """The storage has no room (a full disk or quota); retried, it works once space is freed."""
+
+
 class ChunkNotFound(ChunkStorageError):
     """No chunk of that name."""
 

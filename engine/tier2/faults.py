@@ -11,7 +11,9 @@ protocol's method names: ``"create"``, ``"write"``, ``"list"``, ...) it can:
   succeeds but its answer is lost;
 - ``delay(op, s)``: every call first sleeps ``s`` seconds;
 - ``outage(*ops)`` / ``end_outage()``: while on, every call of those
-  operations (of all when none is named) raises InjectedFault.
+  operations (of all when none is named) raises InjectedFault;
+  ``outage(*ops, full=True)`` raises InjectedFull instead, a
+  ChunkStorageFull, as a full disk would.
 
 ``calls`` counts every call per operation, faulted or not. Faults are
 consumed in call order under one lock: deterministic, and safe to share
@@ -26,7 +28,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from engine.tier2.chunk_storage import ChunkHandle, ChunkInfo, ChunkStorage, ChunkStorageError
+from engine.tier2.chunk_storage import (
+    ChunkHandle,
+    ChunkInfo,
+    ChunkStorage,
+    ChunkStorageError,
+    ChunkStorageFull,
+)
 
 T = TypeVar("T")
 
@@ -51,6 +59,10 @@ class InjectedFault(ChunkStorageError):
     """A failure FaultyChunkStorage raised on purpose."""
 
 
+class InjectedFull(InjectedFault, ChunkStorageFull):
+    """An injected want of space (ENOSPC)."""
+
+
 class FaultyChunkStorage:
     """Wraps ``inner`` (same protocol, same capabilities) and injects faults per operation."""
 
@@ -61,6 +73,7 @@ class FaultyChunkStorage:
         self._fail_after: Counter[str] = Counter()
         self._delay_s: dict[str, float] = {}
         self._outage: frozenset[str] = frozenset()
+        self._outage_error: type[InjectedFault] = InjectedFault
         self._lock = threading.Lock()
 
     @property
@@ -91,10 +104,14 @@ class FaultyChunkStorage:
         with self._lock:
             self._delay_s[_checked(operation)] = seconds
 
-    def outage(self, *operations: str) -> None:
-        """Every call of ``operations`` (of all, if none is named) raises until ``end_outage``."""
+    def outage(self, *operations: str, full: bool = False) -> None:
+        """Every call of ``operations`` (of all, if none is named) raises until ``end_outage``.
+
+        ``full``: they raise InjectedFull (no space left) rather than InjectedFault.
+        """
         with self._lock:
             self._outage = frozenset(_checked(op) for op in operations) or OPERATIONS
+            self._outage_error = InjectedFull if full else InjectedFault
 
     def end_outage(self) -> None:
         with self._lock:
@@ -119,10 +136,11 @@ class FaultyChunkStorage:
             if after:
                 self._fail_after[operation] -= 1
             delay_s = self._delay_s.get(operation, 0.0)
+            outage_error = self._outage_error
         if delay_s:
             time.sleep(delay_s)
         if down:
-            raise InjectedFault(f"injected Tier 2 outage: {operation} failed")
+            raise outage_error(f"injected Tier 2 outage: {operation} failed")
         if before:
             raise InjectedFault(f"injected failure: {operation} failed")
         result = fn()

@@ -38,6 +38,8 @@ from engine.tier2.chunk_storage import (
     ChunkInfo,
     ChunkNotFound,
     ChunkStorageError,
+    ChunkStorageFull,
+    ChunkStorageUnusable,
     pieces_of,
 )
 
@@ -234,12 +236,17 @@ class LocalChunkStorage:
 
 @contextlib.contextmanager
 def _translated(name: str) -> Iterator[None]:
-    """OSErrors as chunk errors: missing files are ChunkNotFound, the rest ChunkStorageError."""
+    """OSErrors as chunk errors: missing files are ChunkNotFound, a full disk ChunkStorageFull,
+    a folder we may not write ChunkStorageUnusable, the rest ChunkStorageError."""
     try:
         yield
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
         raise ChunkNotFound(f"no chunk {name!r}") from exc
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ChunkStorageFull(f"chunk {name!r}: {exc}") from exc
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise ChunkStorageUnusable(f"chunk {name!r}: {exc}") from exc
         raise ChunkStorageError(f"chunk {name!r}: {exc}") from exc
 
 

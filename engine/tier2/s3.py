@@ -18,9 +18,11 @@ call here goes through ``run_blocking``.
   replaced meanwhile fails the concat instead of mixing versions. The new
   object replaces the target atomically when the upload completes; any
   failure aborts the upload and leaves the target as it was.
-- Errors: NoSuchKey (404) is ChunkNotFound; every other service or
-  connection error is a ChunkStorageError. botocore already retried the
-  transient ones (standard mode) before it reached us.
+- Errors: NoSuchKey (404) is ChunkNotFound; a missing bucket or refused
+  credentials (``PERMANENT_CODES``) are ChunkStorageUnusable, which no retry
+  mends; every other service or connection error (refused connections,
+  timeouts, 5xx, throttling) is a ChunkStorageError. botocore already retried
+  the transient ones (standard mode) before it reached us.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ParamValidationError
 
 from engine.tier2.chunk_storage import (
     ChunkExists,
@@ -43,6 +45,7 @@ from engine.tier2.chunk_storage import (
     ChunkNotFound,
     ChunkNotSupported,
     ChunkStorageError,
+    ChunkStorageUnusable,
     pieces_of,
 )
 
@@ -53,6 +56,24 @@ MAX_PART_BYTES = 5 * 1024 * MiB
 MAX_PARTS = 10_000
 MAX_KEY_BYTES = 1024
 DEFAULT_REGION = "us-east-1"
+# S3 error codes that say the bucket or the credentials are wrong, not that S3 is down.
+PERMANENT_CODES = frozenset(
+    {
+        "NoSuchBucket",
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidBucketName",
+        "AuthorizationHeaderMalformed",
+        "PermanentRedirect",
+        "InvalidToken",
+        "ExpiredToken",
+        "AccountProblem",
+        "Forbidden",
+        "403",  # a HEAD answer has no body, so no code but its status
+    }
+)
 
 
 def make_client(endpoint_url: str | None = None) -> Any:
@@ -366,9 +387,13 @@ def _translated(what: str, name: str) -> Iterator[None]:
         code = error_code(exc)
         if code in ("NoSuchKey", "NotFound", "404"):
             raise ChunkNotFound(f"no chunk {name!r}") from exc
+        if code in PERMANENT_CODES:
+            raise ChunkStorageUnusable(f"S3 {what} {name!r} failed: {code}: {exc}") from exc
         raise ChunkStorageError(f"S3 {what} {name!r} failed: {code or error_status(exc)}: {exc}") from exc
     except ParamValidationError:
         raise
+    except NoCredentialsError as exc:
+        raise ChunkStorageUnusable(f"S3 {what} {name!r} failed: {exc}") from exc
     except BotoCoreError as exc:
         raise ChunkStorageError(f"S3 {what} {name!r} failed: {exc}") from exc
 
