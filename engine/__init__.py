@@ -6,6 +6,7 @@ Durable Streams) live in ``app/``, each mapping its protocol onto these.
 
 from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.config import Settings, load_settings
+from engine.container_state import SERVING as SERVING_STATES
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
@@ -13,6 +14,7 @@ from engine.errors import (
     DataCorrupted,
     InvalidArgument,
     InvalidName,
+    Misconfigured,
     PayloadTooLarge,
     SegmentExists,
     SegmentNotFound,
@@ -49,6 +51,7 @@ __all__ = [
     "LEGACY_STREAM_DATA_PREFIX",
     "LEGACY_STREAM_META_PREFIX",
     "S3_OWNER",
+    "SERVING_STATES",
     "STREAMS_OWNER",
     "STREAM_DATA_PREFIX",
     "STREAM_META_PREFIX",
@@ -62,6 +65,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidName",
     "MergeResult",
+    "Misconfigured",
     "PayloadTooLarge",
     "ReadResult",
     "SegmentExists",

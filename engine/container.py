@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from engine import operations as ops
 from engine.attributes import AttributeUpdate, Preloaded, check_request
 from engine.cache import Cache
 from engine.config import Settings
+from engine.container_lifecycle import ContainerLifecycle
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import (
@@ -34,6 +34,7 @@ from engine.errors import (
     SegmentSealed,
     SegmentTruncated,
     SegstoreError,
+    StorageFull,
     Throttled,
 )
 from engine.metadata import ContainerMetadata
@@ -42,7 +43,12 @@ from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
 from engine.segment_attributes import SegmentAttributes
 from engine.storage_reader import StorageReader
-from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorage, ChunkStorageError
+from engine.tier2.chunk_storage import (
+    ChunkNotFound,
+    ChunkStorage,
+    ChunkStorageError,
+    ChunkStorageFull,
+)
 from engine.tier2.chunked import ChunkedSegmentStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 from engine.writer import StorageWriter
@@ -56,9 +62,7 @@ _PRELOAD_TRIES = 5
 _FORK_TRIES = 5
 # How long a fork with a large unflushed tail waits for Tier 2 to take it.
 _FORK_FLUSH_TIMEOUT_S = 30.0
-
-
-class SegmentContainer:
+class SegmentContainer(ContainerLifecycle):
     """All segments whose names hash to ``container_id``."""
 
     def __init__(
@@ -88,104 +92,10 @@ class SegmentContainer:
             self.attributes,
             metrics,
         )
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._closed = False
-        self._draining = False
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.metrics = metrics
         self._backlog_max = max(settings.tier1_backlog_max_bytes // settings.container_count, 1)
-        self.storage_reader = StorageReader(settings, self.metadata, self.read_index, self.chunked)
-
-    # -------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        """Recover in the background; ``ready`` turns True when requests are accepted."""
-        self._thread = threading.Thread(
-            target=self._recover, name=f"recovery-{self.container_id}", daemon=True
-        )
-        self._thread.start()
-
-    def _recover(self) -> None:
-        started = time.monotonic()
-        try:
-            replayed = self.durable_log.recover()
-            self._collect_garbage()
-            self.durable_log.check_recovered_data()
-            self.durable_log.start()
-            self.writer.start()
-            threading.Thread(
-                target=self._reap_transactions, name=f"reaper-{self.container_id}", daemon=True
-            ).start()
-        except BaseException as exc:
-            log.exception("container %d: recovery failed", self.container_id)
-            self._failure = exc
-            self._ready.set()
-            return
-        log.info(
-            "container %d: epoch %d, %d operations replayed in %.2fs",
-            self.container_id,
-            self.metadata.epoch,
-            replayed,
-            time.monotonic() - started,
-        )
-        self._ready.set()
-
-    def _collect_garbage(self) -> None:
-        """Start the new epoch in Tier 2: drop older epochs' chunks that no layout names."""
-        self.chunked.epoch = self.metadata.epoch
-        with self.metadata.lock:
-            segments = self.metadata.segments.values()
-            referenced = {c.name for s in segments for c in [*s.read_layout(), *s.attribute_chunks]}
-        dropped = self.chunked.collect_garbage(referenced)
-        if dropped:
-            log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
-
-    @property
-    def failure(self) -> str | None:
-        """Why recovery failed, or None."""
-        return None if self._failure is None else str(self._failure)
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set() and self._failure is None and not self._closed
-
-    def wait_ready(self, timeout_s: float | None = None) -> None:
-        if not self._ready.wait(timeout_s):
-            raise ContainerNotReady(f"container {self.container_id} is still recovering")
-        if self._failure is not None:
-            raise ContainerNotReady(
-                f"container {self.container_id} failed to recover: {self._failure}"
-            ) from self._failure
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.storage_reader.finish()
-        self.read_index.close()
-        if self._failure is None:
-            self.writer.close()
-            self.durable_log.close()
-
-    def drain(self) -> None:
-        """Shutdown has begun: tail reads stop waiting, so their requests end now."""
-        self._draining = True
-        self.storage_reader.finish()
-        self.read_index.close()
-
-    def flush(self, timeout_s: float) -> None:
-        self._check_ready()
-        self.writer.flush(timeout_s)
-
-    # ---------------------------------------------------------------- helpers
-    def _check_ready(self) -> None:
-        if not self.ready:
-            if self._closed:
-                raise ContainerNotReady(f"container {self.container_id} is stopped")
-            self.wait_ready(0)
+        self.storage_reader = StorageReader(settings, self.metadata, self.read_index, self.chunked, metrics)
+        super().__init__()
 
     def _submit(self, op: ops.Operation) -> Outcome:
         self._check_ready()
@@ -356,6 +266,12 @@ class SegmentContainer:
             raise InvalidArgument(f"expected offset must be an int64 >= 0, got {expected_offset}")
         self._check_ready()
         if self.metadata.unflushed_bytes + len(data) > self._backlog_max:
+            if isinstance(self.writer.failing, ChunkStorageFull):
+                self.metrics.throttled_storage_full.inc()
+                raise StorageFull(
+                    f"Tier 2 is full ({self.writer.failing}); appends resume once space is freed"
+                )
+            self.metrics.throttled_backlog.inc()
             raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
         op = ops.Append(
             name=name,
@@ -375,7 +291,7 @@ class SegmentContainer:
         return AppendResult(op.offset, False, event_number, info)
 
     def info(self, name: str) -> SegmentInfo:
-        self._check_ready()
+        self._check_readable()
         return self.metadata.info(name)
 
     def seal(self, name: str) -> SegmentInfo:
@@ -421,7 +337,7 @@ class SegmentContainer:
 
     def merge_record(self, target: str, source: str, created: float | None = None) -> MergeResult | None:
         """A recent merge of a segment called ``source`` into ``target`` (created then, if given)."""
-        self._check_ready()
+        self._check_readable()
         with self.metadata.lock:
             seg = self.metadata.by_name(target)
             record = seg.merges.get(source)
@@ -495,7 +411,7 @@ class SegmentContainer:
 
     def get_attributes(self, name: str, keys: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
         """Values from memory; those it lacks from the attribute index (memory wins a race)."""
-        self._check_ready()
+        self._check_readable()
         names = [str(k) for k in keys]
         with self.metadata.lock:
             seg = self.metadata.by_name(name)
@@ -521,12 +437,12 @@ class SegmentContainer:
         return {uuid.UUID(k): v for k, v in values.items()}
 
     def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
-        self._check_ready()
+        self._check_readable()
         with self.metadata.lock:
             return self.metadata.by_name(name).partitions(target_bytes)
 
     def list(self, prefix: str, after: str | None, limit: int) -> list[SegmentInfo]:
-        self._check_ready()
+        self._check_readable()
         with self.metadata.lock:
             names = sorted(
                 n
@@ -537,7 +453,7 @@ class SegmentContainer:
 
     # ------------------------------------------------------------------ reads
     def read(self, name: str, offset: int | None, max_length: int | None, *, wait_s: float) -> ReadResult:
-        self._check_ready()
+        self._check_readable()
         if max_length is not None and max_length < 0:
             raise InvalidArgument(f"read length must be >= 0, got {max_length}")
         if not 0 <= wait_s <= self.settings.tail_wait_max_s:
@@ -562,6 +478,7 @@ class SegmentContainer:
                 scan = start == info.start_offset  # a scan from the start: read ahead at once
                 pieces = self.storage_reader.read_range(seg.segment_id, name, start, count, scan=scan)
                 end = start + sum(map(len, pieces))
+                self.metrics.read_bytes.inc(end - start)
                 self.storage_reader.reader_at(seg.segment_id, end)
                 return ReadResult(tuple(pieces), start, end, info)
             remaining = deadline - time.monotonic()
@@ -577,8 +494,12 @@ class SegmentContainer:
                 seg = self.metadata.segments.get(segment_id)
                 changed = seg is None or seg.deleted or seg.length != length or seg.sealed
             if not changed and not self._draining:
-                with contextlib.suppress(TimeoutError):
-                    waiter.result(timeout_s)
+                self.metrics.tail_waits.inc()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        waiter.result(timeout_s)
+                finally:
+                    self.metrics.tail_waits.dec()
         finally:
             self.read_index.discard_waiter(segment_id, waiter)
         if self._closed:

@@ -3,17 +3,16 @@
 It validates names, routes each segment to one of ``container_count``
 containers by a stable hash, and owns the containers' lifecycle: ``start``
 recovers them (in parallel, in the background), ``close`` stops them cleanly.
-It also owns the data directory: an exclusive lock, and a small ``store.json``
-that pins the container count (changing it would re-route every name). With
-Tier 1 on S3 the data directory holds nothing: ``store.json`` lives in the
-bucket and each container log's fence replaces the lock.
+It also owns the data directory: an exclusive lock, and the store record
+(``engine/store_record.py``: the container count, Tier 1 and Tier 2 it was
+created with). With Tier 1 on S3 the data directory holds nothing: the record
+lives in the bucket and each container log's fence replaces the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from engine import store_record
 from engine.attributes import AttributeUpdate
 from engine.blocking import run_blocking
 from engine.config import Settings
@@ -40,15 +40,15 @@ from engine.errors import (
     StoreLocked,
     Throttled,
 )
-from engine.metrics import EngineMetrics
+from engine.metrics import EngineMetrics, register_process_metrics
 from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_name
-from engine.tier2.chunk_storage import ChunkExists, ChunkStorage
+from engine.store_metrics import ContainerCollector
+from engine.tier2.chunk_storage import ChunkStorage, ChunkStorageError
 from engine.tier2.local import LocalChunkStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 log = logging.getLogger(__name__)
 
-_STORE_FILE = "store.json"
 _LOCK_FILE = "LOCK"
 
 
@@ -58,27 +58,37 @@ class SegmentStore:
     def __init__(self, settings: Settings, *, containers: Iterable[SegmentContainer] | None = None):
         self.settings = settings
         self.registry = CollectorRegistry()
+        register_process_metrics(self.registry)
         self.metrics = EngineMetrics(self.registry)
+        self.registry.register(ContainerCollector(lambda: self._containers))
         self._lock_fd: int | None = None
         self._storage: ChunkStorage | None = None
         self._tier1_storage: ChunkStorage | None = None
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._started = threading.Event()
+        self._announcer: threading.Thread | None = None
+        self._record_to_write: store_record.StoreRecord | None = None
         self._closed = False
         self._draining = False
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, *, wait: bool = False) -> None:
-        """Lock the data directory and recover every container (in background threads)."""
+        """Lock the data directory, check its record, and recover every container (in the background).
+
+        Raises ``Misconfigured`` when the settings contradict the store record,
+        ``StoreLocked`` when another process owns the data folder.
+        """
         if not self._containers:
             if self.settings.tier1_s3 is None:
                 run_blocking(self._lock_data_dir)
             else:  # the fence of each container's log replaces the data folder's lock
-                self._pin_container_count_in_tier1()
+                self._check_record_in_tier1()
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
         for container in self._containers:
             container.start()
         self._started.set()
+        self._announcer = threading.Thread(target=self._announce, name="start-up", daemon=True)
+        self._announcer.start()
         if wait:
             self.wait_ready()
 
@@ -91,37 +101,71 @@ class SegmentStore:
         except BlockingIOError:
             os.close(fd)
             raise StoreLocked(f"another process owns the data directory {data}") from None
-        self._lock_fd = fd
-        pinned = data / _STORE_FILE
-        if pinned.exists():
-            count = json.loads(pinned.read_text())["container_count"]
-            if count != self.settings.container_count:
-                os.close(fd)
-                self._lock_fd = None
-                raise InvalidArgument(
-                    f"data directory {data} was created with container_count={count}; "
-                    f"it cannot be opened with {self.settings.container_count}"
-                )
-        else:
-            tmp = pinned.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"container_count": self.settings.container_count}))
-            os.replace(tmp, pinned)
-
-    def _pin_container_count_in_tier1(self) -> None:
-        """With Tier 1 on S3 the container count is pinned in the bucket, not the data folder."""
-        wanted = json.dumps({"container_count": self.settings.container_count}).encode()
-        storage = self._tier1_objects()
         try:
-            storage.create(_STORE_FILE, wanted)
+            self._record_to_write = store_record.check_in_folder(data, self.settings)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def _check_record_in_tier1(self) -> None:
+        """With Tier 1 on S3 the store record lives in the bucket, not the data folder."""
+        self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), self.settings)
+
+    def _write_record(self) -> None:
+        """Write the store record once every container reached Tier 2 (a start that failed binds nothing)."""
+        record, self._record_to_write = self._record_to_write, None
+        if record is None:
             return
-        except ChunkExists:
-            pass
-        count = json.loads(storage.read(storage.open_read(_STORE_FILE), 0, 1 << 16))["container_count"]
-        if count != self.settings.container_count:
-            raise InvalidArgument(
-                f"Tier 1 {self.settings.tier1} was created with container_count={count}; "
-                f"it cannot be opened with {self.settings.container_count}"
-            )
+        try:
+            if self.settings.tier1_s3 is None:
+                run_blocking(store_record.write_in_folder, self.settings.data_path, record)
+            else:
+                store_record.write_in_bucket(self._tier1_objects(), record)
+        except (OSError, ChunkStorageError) as exc:
+            log.warning("the store record is not written (%s); the next start writes it", exc)
+
+    def _announce(self) -> None:
+        """Once every container is past recovery: one line naming the store and each recovery's time."""
+        for container in self._containers:
+            container.wait_started()
+        if self.refusal() is not None or self._closed:
+            return  # the server refuses to start, and says why (or it is stopping already)
+        if self.ready:
+            self._write_record()
+        s = self.settings
+        recoveries = ", ".join(
+            f"{c.container_id}: {c.recovery_s:.2f}s" if c.failure is None else f"{c.container_id}: failed"
+            for c in self._containers
+        )
+        log.info(
+            "segstore store: data folder %s, Tier 1 %s, Tier 2 %s; containers recovered in %s",
+            s.data_path.absolute(),
+            store_record.tier1_location(s),
+            store_record.tier2_location(s),
+            recoveries,
+        )
+
+    def refusal(self) -> str | None:
+        """Why this store must not serve at all (a misconfiguration a container met), or None."""
+        for container in self._containers:
+            if container.misconfigured is not None:
+                return container.misconfigured
+        return None
+
+    def wait_refusal(self) -> str | None:
+        """Block until every container is past start-up; then ``refusal()``.
+
+        The server's process waits on this and exits when it says why.
+        """
+        self._started.wait()
+        for container in self._containers:
+            container.wait_started()
+        return self.refusal()
+
+    def container_states(self) -> list[tuple[int, str, str | None]]:
+        """Each container's id, state (``engine.container_state``) and why it is not serving."""
+        return [(c.container_id, c.state, c.state_reason) for c in self._containers]
 
     def _build_container(self, container_id: int) -> SegmentContainer:
         s = self.settings
@@ -204,6 +248,8 @@ class SegmentStore:
         """Stop every container: pending tails wake, the storage writer stops, logs close."""
         if self._closed:
             return
+        if self.ready and self._announcer is not None:
+            self._announcer.join(30)  # it writes the store record
         self._closed = True
         for container in self._containers:
             container.close()

@@ -93,6 +93,8 @@ class StorageWriter:
         self._cond = threading.Condition()
         self._force = False
         self._thread: threading.Thread | None = None
+        # The error of the last round when Tier 2 writes fail (retried), None once a round succeeds.
+        self.failing: Exception | None = None
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -137,6 +139,7 @@ class StorageWriter:
                 self._flush_due()
             except (OSError, ChunkStorageError, SegstoreError) as exc:
                 self.metrics.tier2_errors.inc()
+                self.failing = exc
                 backoff = min(max(0.1, backoff * 2), _BACKOFF_MAX_S)
                 log.warning(
                     "container %d: Tier 2 flush failed (%s); retrying in %.1fs",
@@ -147,6 +150,7 @@ class StorageWriter:
                 self._stop.wait(backoff)
                 continue
             backoff = 0.0
+            self.failing = None
             self._after_round()
 
     def _accept(self, op: ops.Operation) -> None:
@@ -197,7 +201,12 @@ class StorageWriter:
                 or agg.end - storage_length >= self.settings.flush_threshold_bytes
                 or now - agg.first_time >= age_s
             )
-            if due and self._flush(segment_id, agg):
+            if not due:
+                continue
+            began = time.monotonic()
+            flushed = self._flush(segment_id, agg)
+            self.metrics.tier2_flush_seconds.observe(time.monotonic() - began)
+            if flushed:
                 del self._aggregators[segment_id]
 
     def _flush(self, segment_id: int, agg: _Aggregator) -> bool:

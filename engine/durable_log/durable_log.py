@@ -123,6 +123,13 @@ class DurableLog:
         self._checkpoints: list[tuple[int, int]] = []  # (checkpoint seq, frame address)
         self._truncate_lock = threading.Lock()
         self.last_committed_seq = 0
+        # Why the last Tier 1 write failed for want of space (None once a write succeeds again).
+        self.full: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the log stopped taking writes for good (fenced, or the processor failed), or None."""
+        return self._failure
 
     def _log_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Call the Tier 1 log in place when its I/O is cooperative, else through run_blocking."""
@@ -130,9 +137,18 @@ class DurableLog:
 
     # ----------------------------------------------------------------- recovery
     def recover(self) -> int:
+        """Rebuild metadata, memory log and read index from Tier 1, then begin the new epoch.
+
+        ``replay`` then ``begin_epoch``; returns operations replayed. Must run before ``start``.
+        """
+        replayed = self.replay()
+        self.begin_epoch()
+        return replayed
+
+    def replay(self) -> int:
         """Rebuild metadata, memory log and read index from Tier 1; returns operations replayed.
 
-        Then durably starts a new epoch with a checkpoint. Must run before ``start``.
+        Reads are possible afterwards; writes only after ``begin_epoch``.
         """
         replayed = 0
         started = False
@@ -155,15 +171,22 @@ class DurableLog:
         if batches and not started:
             raise DataCorrupted("the Tier 1 log holds writes but no metadata checkpoint")
         self.metadata.epoch += 1
-        self._write_checkpoint()
         return replayed
+
+    def begin_epoch(self) -> None:
+        """Make the new epoch durable with a checkpoint (OSError if Tier 1 cannot take it: call again)."""
+        self._write_checkpoint()
 
     def _write_checkpoint(self) -> None:
         updater = MetadataUpdater(self.metadata)
         checkpoint = ops.MetadataCheckpoint(snapshot=self.metadata.snapshot())
         updater.pre_process(checkpoint)
         payload = ops.encode(checkpoint)
-        address, _ = self._log_call(self.data_log.append, payload)
+        try:
+            address, _ = self._log_call(self.data_log.append, payload)
+        except OSError:
+            updater.burn_sequence_numbers()
+            raise
         self._apply([checkpoint])
         self._checkpoints.append((checkpoint.seq, address))
         self._bytes_since_checkpoint = 0
@@ -355,6 +378,7 @@ class DurableLog:
 
     def _commit(self, batch: _Batch) -> None:
         if batch.write is not None:
+            self.full = None
             self.metrics.tier1_write_operations.observe(len(batch.logged))
             for size in frame_payload_sizes(batch.payload_bytes, self.settings.max_frame_bytes):
                 self.metrics.tier1_frame_bytes.observe(size)
@@ -386,8 +410,10 @@ class DurableLog:
         else:
             if batches[0].write is not None:  # else its begin failed, and nothing began after it
                 self._log_call(self.data_log.abandon, batches[0].write)
-            if cause.errno == errno.ENOSPC:
-                error = StorageFull(f"Tier 1 is full: {cause.strerror}")
+            if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                error = StorageFull(f"Tier 1 is full: {cause.strerror}; writes resume once space is freed")
+                self.full = error.detail
+                self.metrics.throttled_storage_full.inc(sum(len(b.items) for b in batches))
             else:
                 error = ContainerNotReady(f"Tier 1 write failed: {cause}", retry_after_s=1)
         batches[-1].updater.burn_sequence_numbers()
