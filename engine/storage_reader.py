@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from engine.config import Settings
 from engine.errors import DataCorrupted, SegmentNotFound, SegmentTruncated, SegstoreError, Throttled
 from engine.metadata import ContainerMetadata
+from engine.metrics import EngineMetrics
 from engine.read_ahead import PrefetchedStream, ReadAhead
 from engine.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorageError
@@ -33,8 +35,10 @@ class StorageReader:
         metadata: ContainerMetadata,
         read_index: ReadIndex,
         chunked: ChunkedSegmentStorage,
+        metrics: EngineMetrics,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.metadata = metadata
         self.read_index = read_index
         self.chunked = chunked
@@ -62,6 +66,14 @@ class StorageReader:
         parts: list[bytes] = []
         pos, end = start, start + count
         rechecked = -1  # the one position whose miss was read again after the read-ahead passed it
+        cached = self.read_index.read_pieces(segment_id, pos, count)
+        found = sum(map(len, cached))
+        if found == count:
+            self.metrics.cache_hits.inc()
+            return [part for part in cached if part]
+        self.metrics.cache_misses.inc()
+        parts.extend(cached)
+        pos += found
         while pos < end:
             cached = self.read_index.read_pieces(segment_id, pos, end - pos)
             if cached:
@@ -137,7 +149,10 @@ class StorageReader:
             if next_cached is not None:
                 end = min(end, next_cached)
             try:
+                began = time.monotonic()
                 data = self.chunked.read(chunks, start, end - start)
+                self.metrics.tier2_read_seconds.observe(time.monotonic() - began)
+                self.metrics.tier2_read_bytes.inc(len(data))
             except ChunkNotFound as exc:
                 with self.metadata.lock:
                     seg = self.metadata.segments.get(segment_id)
@@ -205,6 +220,7 @@ class StorageReader:
                             return
                     self.read_index.insert(segment_id, pos, data)
                     self.read_index.evict(self.metadata.storage_lengths())
+                    self.metrics.tier2_read_bytes.inc(len(data))
                     pos += len(data)
                     self._read_ends[segment_id] = pos  # reading past here is still sequential
                     state.moved_to(pos)

@@ -43,7 +43,8 @@ class FileDataLog:
         self.max_frame_bytes = max_frame_bytes
         self._files: list[tuple[int, Path]] = []  # (first frame seq, path), oldest first
         self._fd: int | None = None
-        self._size = 0
+        self._size = 0  # of the newest file
+        self._older_bytes = 0  # of the files before it
         self._next_seq = 0
         self._broken: str | None = None
 
@@ -83,6 +84,8 @@ class FileDataLog:
                 end = torn.position
             if newest:
                 self._size = end
+            else:
+                self._older_bytes += len(data)
         self._next_seq = expected if expected is not None else 0
 
     def _open_current(self, first_seq: int) -> None:
@@ -91,6 +94,8 @@ class FileDataLog:
             self._close_fd()
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _fsync_dir(self.folder)
+            if self._files:
+                self._older_bytes += self._size
             self._files.append((first_seq, path))
             self._size = 0
         elif self._fd is None:
@@ -146,7 +151,12 @@ class FileDataLog:
             path.unlink()
         if freed:
             _fsync_dir(self.folder)
+        self._older_bytes = max(self._older_bytes - freed, 0)
         return freed
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(files, bytes) the log holds on disk now, as tracked by its writes (no disk call)."""
+        return len(self._files), self._older_bytes + self._size
 
     def _close_fd(self) -> None:
         if self._fd is not None:

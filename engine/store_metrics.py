@@ -1,0 +1,71 @@
+"""Metrics read off the containers when Prometheus scrapes, not kept up to date on the data path.
+
+Per container: its state (``engine/container_state.py``: one series per
+state, 1 for the current one), its segments and open transactions, and what
+its Tier 1 log holds on the local disk (files and bytes, as the log tracks
+them; nothing with Tier 1 on S3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine import container_state, naming
+from engine.container import SegmentContainer
+
+
+class ContainerCollector(Collector):
+    """Samples the containers ``containers()`` returns at each scrape."""
+
+    def __init__(self, containers: Callable[[], Sequence[SegmentContainer]]) -> None:
+        self._containers = containers
+
+    def collect(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily(
+            "segstore_container_state",
+            "1 for the container's current state, 0 for the others.",
+            labels=["container", "state"],
+        )
+        segments = GaugeMetricFamily(
+            "segstore_segments",
+            "Segments (transactions and other internal ones not counted).",
+            labels=["container"],
+        )
+        transactions = GaugeMetricFamily(
+            "segstore_open_transactions",
+            "Transactions open (not committed or aborted).",
+            labels=["container"],
+        )
+        tier1_files = GaugeMetricFamily(
+            "segstore_tier1_disk_files", "Files of the Tier 1 log on the local disk.", labels=["container"]
+        )
+        tier1_bytes = GaugeMetricFamily(
+            "segstore_tier1_disk_bytes", "Bytes of the Tier 1 log on the local disk.", labels=["container"]
+        )
+        for container in self._containers():
+            label = str(container.container_id)
+            current = container.state
+            for state in container_state.STATES:
+                states.add_metric([label, state], 1.0 if state == current else 0.0)
+            user, open_transactions = _count_segments(container)
+            segments.add_metric([label], user)
+            transactions.add_metric([label], open_transactions)
+            disk_usage = getattr(container.durable_log.data_log, "disk_usage", None)
+            if disk_usage is not None:
+                files, size = disk_usage()
+                tier1_files.add_metric([label], files)
+                tier1_bytes.add_metric([label], size)
+        yield from (states, segments, transactions, tier1_files, tier1_bytes)
+
+
+def _count_segments(container: SegmentContainer) -> tuple[int, int]:
+    """(user segments, open transactions) of the container."""
+    with container.metadata.lock:
+        names = list(container.metadata.names)
+    return (
+        sum(not naming.is_internal(n) for n in names),
+        sum(naming.is_transaction(n) for n in names),
+    )
