@@ -1,9 +1,12 @@
-"""Operations: liveness, readiness, Prometheus metrics, and the HTTP request metrics.
+"""Operations: health, readiness, Prometheus metrics, and the HTTP request metrics.
 
 Request metrics live in the store's registry, beside the engine's, so one
 ``/metrics`` scrape shows both. Routes are labelled by their pattern
 (``/v1/segments/{name}:seal``), never by the concrete path, to keep the label
-set small.
+set small. ``/healthz`` answers 200 only while every container serves every
+request (``running``, or ``degraded``: Tier 2 writes are being retried), and
+503 with each container's state and reason otherwise, so a probe never calls
+healthy a server whose requests get 503 or 507.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
 
-from engine import ContainerNotReady, SegmentStore
+from engine import SERVING_STATES, ContainerNotReady, SegmentStore
 
 bp = Blueprint("ops", __name__)
 
@@ -30,6 +34,11 @@ class HttpMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self.event_streams = Gauge(
+            "segstore_event_streams",
+            "Server-Sent Event responses open now (native tails and Durable Streams).",
+            registry=registry,
+        )
         self.requests = Counter(
             "segstore_http_requests",
             "HTTP requests answered, by route pattern, method and status.",
@@ -97,8 +106,10 @@ class _RequestMetrics:
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         started = time.perf_counter()
+        event_stream = False
 
         def record(status: str, headers: Any, exc_info: Any = None) -> Any:
+            nonlocal event_stream
             route = environ.get(ROUTE_KEY)
             if route is None:
                 rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
@@ -106,9 +117,36 @@ class _RequestMetrics:
             counter, latency = self.metrics.children(route, environ["REQUEST_METHOD"], int(status[:3]))
             counter.inc()
             latency.observe(time.perf_counter() - started)
+            if environ["REQUEST_METHOD"] == "GET":  # the one method that tails; appends skip the scan
+                event_stream = any(
+                    k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in headers
+                )
             return start_response(status, headers, exc_info)
 
-        return self.wsgi_app(environ, record)
+        body = self.wsgi_app(environ, record)
+        if event_stream:
+            return _Counted(body, self.metrics.event_streams)
+        return body
+
+
+class _Counted:
+    """A response body counted in ``gauge`` until the server closes it."""
+
+    def __init__(self, body: Any, gauge: Any) -> None:
+        self.body = body
+        self.gauge = gauge
+        gauge.inc()
+
+    def __iter__(self) -> Any:
+        return iter(self.body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.gauge.dec()
 
 
 def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:
@@ -117,9 +155,15 @@ def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:
 
 
 @bp.get("/healthz")
-def healthz() -> Response:
-    """The process is alive and serving HTTP (recovery may still run)."""
-    return jsonify({"status": "ok"})
+def healthz() -> tuple[Response, int]:
+    """200 while every container serves; else 503. Both list each container's state."""
+    containers = [
+        {"id": cid, "state": state, **({"reason": reason} if reason else {})}
+        for cid, state, reason in _store().container_states()
+    ]
+    serving = bool(containers) and all(c["state"] in SERVING_STATES for c in containers)
+    body = {"status": "ok" if serving else "unavailable", "containers": containers}
+    return jsonify(body), 200 if serving else 503
 
 
 @bp.get("/readyz")

@@ -3,20 +3,80 @@
 from __future__ import annotations
 
 import shutil
+import threading
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from engine import ContainerNotReady, SegmentStore, Settings
+from engine import ContainerNotReady, SegmentStore, Settings, container_state
+from engine.container import SegmentContainer
+from engine.tier2.faults import FaultyChunkStorage
+from engine.tier2.local import LocalChunkStorage
 from tests.app.helpers import assert_problem
+from tests.app.openapi_check import check_response
+from tests.engine.conftest import wait_until
 
 
-def test_healthz(client: FlaskClient) -> None:
+def test_healthz_lists_each_running_container(client: FlaskClient) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert response.get_json() == {"status": "ok"}
+    assert response.get_json() == {
+        "status": "ok",
+        "containers": [{"id": 0, "state": "running"}, {"id": 1, "state": "running"}],
+    }
+
+
+def test_healthz_is_503_while_appends_are_throttled(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tier 2 down: the backlog fills, appends answer 503, and so does /healthz, until Tier 2 is back."""
+    made: list[FaultyChunkStorage] = []
+
+    def faulty_tier2(self: SegmentStore) -> FaultyChunkStorage:
+        if not made:
+            made.append(FaultyChunkStorage(LocalChunkStorage(self.settings.tier2_path)))
+        return made[0]
+
+    monkeypatch.setattr(SegmentStore, "_tier2", faulty_tier2)
+    app = create_app(settings.replace(tier1_backlog_max_bytes=16 * 1024))
+    store: SegmentStore = app.extensions["segstore"]
+    client = app.test_client()
+    try:
+        store.wait_ready(30)
+        made[0].outage()
+        assert client.put("/v1/segments/s").status_code == 201
+        statuses = [client.post("/v1/segments/s", data=b"x" * 4096).status_code for _ in range(8)]
+        assert statuses[0] == 200 and statuses[-1] == 503, statuses
+        health = client.get("/healthz")
+        check_response(health)
+        assert health.status_code == 503
+        body = health.get_json()
+        assert body["status"] == "unavailable"
+        mine = next(c for c in body["containers"] if c["id"] == store.container_of("s"))
+        assert mine["state"] == "throttled" and "Tier 2" in mine["reason"]
+        refused = store.registry.get_sample_value(
+            "segstore_throttled_requests_total", {"reason": "tier2_backlog"}
+        )
+        assert refused == statuses.count(503)
+        made[0].end_outage()
+        wait_until(lambda: client.get("/healthz").status_code == 200, timeout_s=20, what="healthy again")
+        assert client.post("/v1/segments/s", data=b"y").status_code == 200
+    finally:
+        store.close()
+
+
+def test_healthz_is_503_while_recovering(client: FlaskClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SegmentContainer, "state", property(lambda _self: container_state.RECOVERING))
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.get_json()["containers"][0] == {
+        "id": 0,
+        "state": "recovering",
+        "reason": "replaying Tier 1, or waiting for Tier 2 to answer",
+    }
 
 
 def test_readyz_once_recovered(client: FlaskClient) -> None:
@@ -93,3 +153,81 @@ def test_readyz_says_why_recovery_failed(settings: Settings) -> None:
         assert "recovery failed" in detail and "container 0" in detail
     finally:
         broken.extensions["segstore"].close()
+
+
+OPERATOR_METRICS = (
+    "process_resident_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "segstore_build_info",
+    "segstore_read_bytes_total",
+    "segstore_cache_reads_total",
+    "segstore_tier2_read_bytes_total",
+    "segstore_tier2_read_seconds_count",
+    "segstore_tier2_flush_seconds_count",
+    "segstore_throttled_requests_total",
+    "segstore_container_state",
+    "segstore_container_recovery_seconds",
+    "segstore_tier1_disk_bytes",
+    "segstore_tier1_disk_files",
+    "segstore_tail_waits",
+    "segstore_event_streams",
+    "segstore_open_transactions",
+    "segstore_segments",
+)
+
+
+def test_metrics_an_operator_looks_for(client: FlaskClient, store: SegmentStore, segment: str) -> None:
+    client.post(segment, data=b"abc")
+    assert client.get(segment).data == b"abc"
+    assert client.post(segment + ":transactions").status_code == 201
+    store.flush()
+    samples = _samples(client)
+    names = {name for name, _ in samples}
+    assert set(OPERATOR_METRICS) <= names, set(OPERATOR_METRICS) - names
+    assert not [n for n in names if n.endswith("_created")]
+    container = str(store.container_of("scope/stream/0"))
+    mine = frozenset({("container", container)})
+    assert samples[("segstore_read_bytes_total", frozenset())] >= 3
+    assert samples[("segstore_cache_reads_total", frozenset({("result", "hit")}))] >= 1
+    assert samples[("segstore_segments", mine)] == 1
+    assert samples[("segstore_open_transactions", mine)] == 1
+    assert samples[("segstore_tier1_disk_files", mine)] >= 1
+    assert samples[("segstore_tier1_disk_bytes", mine)] > 0
+    assert samples[("segstore_tier2_flush_seconds_count", frozenset())] >= 1
+    assert samples[("segstore_container_state", mine | {("state", "running")})] == 1
+    assert samples[("segstore_container_state", mine | {("state", "recovering")})] == 0
+    assert samples[("segstore_container_recovery_seconds", mine)] > 0
+    assert samples[("process_resident_memory_bytes", frozenset())] > 0
+
+
+def test_metrics_count_cache_misses_and_tier2_reads(
+    client: FlaskClient, store: SegmentStore, segment: str
+) -> None:
+    client.post(segment, data=b"abc" * 100)
+    store.flush()
+    container = store._containers[store.container_of("scope/stream/0")]
+    cache = container.read_index.cache
+    budget, cache.max_bytes = cache.max_bytes, 0
+    container.read_index.evict(container.metadata.storage_lengths())
+    cache.max_bytes = budget
+    assert client.get(segment).data == b"abc" * 100
+    value = store.registry.get_sample_value
+    assert value("segstore_cache_reads_total", {"result": "miss"}) >= 1
+    assert value("segstore_tier2_read_bytes_total") >= 300
+    assert value("segstore_tier2_read_seconds_count") >= 1
+
+
+def test_open_tails_and_event_streams_are_gauges(app: Flask, store: SegmentStore, segment: str) -> None:
+    value = store.registry.get_sample_value
+    stream = app.test_client().get(segment, headers={"Accept": "text/event-stream"}, buffered=False)
+    assert stream.status_code == 200
+    assert value("segstore_event_streams") == 1
+    stream.close()
+    assert value("segstore_event_streams") == 0
+    waiting = threading.Thread(target=lambda: store.read("scope/stream/0", 0, wait_s=5))
+    waiting.start()
+    wait_until(lambda: value("segstore_tail_waits") == 1, what="a parked tail read")
+    store.append("scope/stream/0", b"wake")
+    waiting.join(5)
+    assert value("segstore_tail_waits") == 0
