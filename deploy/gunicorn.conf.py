@@ -3,9 +3,22 @@
 The engine is built in the worker by ``create_app()`` (``preload_app`` stays
 off, so the arbiter never opens the data directory) and closed when the
 worker exits. SIGTERM drains requests for up to ``graceful_timeout`` seconds.
+
+A store that must not start (its record names another Tier 2, its Tier 2
+refuses us, another process holds the folder) is refused with one log line:
+the worker exits with gunicorn's boot-error code, which stops the arbiter
+too (exit status 3) instead of starting worker after worker. The engine's
+and the app's log lines go where gunicorn's own go, in its format.
 """
 
-from engine import Settings, load_settings
+import logging
+import os
+import sys
+
+from engine import SegstoreError, Settings, load_settings
+
+# A worker exiting with this makes the arbiter stop (gunicorn's Arbiter.WORKER_BOOT_ERROR).
+WORKER_BOOT_ERROR = 3
 
 
 def unauthenticated_bind_refusal(settings: Settings) -> str | None:
@@ -40,27 +53,63 @@ timeout = 120
 # Idle keep-alive connections count as busy during a graceful shutdown.
 keepalive = 5
 loglevel = _settings.log_level
-accesslog = None
+# SEGSTORE_ACCESS_LOG=1: one line per request on standard output, with its duration in microseconds.
+accesslog = "-" if _settings.access_log else None
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(D)sus "%(a)s"'
 # gunicorn's control socket sits at one fixed path per user, which two
 # servers on one machine (tests, benchmarks) would contend for.
 control_socket_disable = True
 
 
+def post_fork(server, worker):
+    """Route the engine's log to gunicorn's; turn a refused start into one line and an exit."""
+    for name in ("engine", "app"):
+        logger = logging.getLogger(name)
+        logger.handlers = list(worker.log.error_log.handlers)
+        logger.setLevel(worker.log.error_log.level)
+        logger.propagate = False
+    load_wsgi = worker.load_wsgi
+
+    def load_or_refuse():
+        try:
+            load_wsgi()
+        except SegstoreError as exc:  # a refused start: no traceback, and no worker after this one
+            refuse(worker, exc.detail)
+
+    worker.load_wsgi = load_or_refuse
+
+
+def refuse(worker, why):
+    """Log why the store cannot start, and stop the whole server."""
+    worker.log.error("segstore cannot start: %s", why)
+    sys.stderr.flush()
+    os._exit(WORKER_BOOT_ERROR)
+
+
 def post_worker_init(worker):
-    """On SIGTERM, end parked tails at once instead of letting them hold the shutdown."""
+    """On SIGTERM, end parked tails at once; exit if a container finds the store misconfigured."""
     import signal
 
     import gevent
 
     handle_exit = worker.handle_exit
+    store = worker.wsgi.extensions.get("segstore")
 
     def drain_then_exit(sig, frame):
         handle_exit(sig, frame)
-        store = worker.wsgi.extensions.get("segstore")
         if store is not None:
             gevent.spawn(store.drain)  # not in the signal handler itself: it takes locks
 
     signal.signal(signal.SIGTERM, drain_then_exit)
+
+    def refuse_if_misconfigured():
+        why = store.wait_refusal()
+        if why is not None:
+            store.close()
+            refuse(worker, why)
+
+    if store is not None:
+        gevent.spawn(refuse_if_misconfigured)
 
 
 def worker_exit(server, worker):

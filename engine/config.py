@@ -78,6 +78,8 @@ class Settings:
     stream_long_poll_s: float = 20.0
     stream_reap_interval_s: float = 1.0
     log_level: str = "info"
+    # 1 writes one line per request (gunicorn's access log) to standard output.
+    access_log: int = 0
     # Access control: a TOML file of bearer tokens and their grants (empty: native API open).
     auth_file: str = ""
     # S3 surface credentials, "access:secret,..." (empty: anonymous, served on loopback only).

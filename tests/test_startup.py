@@ -1,0 +1,115 @@
+"""Start-up as an operator sees it, on real server processes (gunicorn arbiter and gevent worker).
+
+A store that must not start says why in one line and the whole server exits
+non-zero, with no traceback and no worker started again: a data folder
+opened with another Tier 2 than it was created with (the README's own order,
+`make run` then the moto example on the same folder), a bucket that does not
+exist, credentials S3 refuses. A start that works names the data folder,
+both tiers and each container's recovery time; the access log is a setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import FAKE_AWS_ENV
+from tests.motoserver import MotoServer
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+REFUSED_EXIT = 3  # gunicorn's boot-error status: the arbiter stops, it does not start another worker
+
+
+def refused_start(data: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Start a server that must refuse; its exit status and its log."""
+    server = ServerProcess(data, env=env)
+    with pytest.raises(RuntimeError, match="server exited"):
+        server.start(timeout_s=60)
+    assert server.proc is not None
+    return server.proc.wait(10), server.log_path.read_text(errors="replace")
+
+
+def assert_one_line_refusal(log: str, *words: str) -> None:
+    assert "Traceback" not in log, log
+    lines = [line for line in log.splitlines() if "segstore cannot start" in line]
+    assert len(lines) == 1, log
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert log.count("Booting worker") == 1, "a refused start must not start another worker"
+
+
+@pytest.fixture
+def moto_env(moto_endpoint: str, s3_client: Any, s3_bucket: str) -> Iterator[dict[str, str]]:
+    yield {
+        **FAKE_AWS_ENV,
+        "SEGSTORE_TIER2": f"s3://{s3_bucket}/data",
+        "SEGSTORE_S3_ENDPOINT": moto_endpoint,
+    }
+
+
+def test_the_readme_order_is_refused_in_one_line(tmp_path: Path, moto_env: dict[str, str]) -> None:
+    data = tmp_path / "data"
+    with ServerProcess(data) as server:  # `make run`: Tier 2 in ./data/tier2
+        assert requests.put(server.url + "/v1/segments/kept", timeout=10).status_code == 201
+        assert requests.post(server.url + "/v1/segments/kept", data=b"bytes", timeout=10).status_code == 200
+    status, log = refused_start(data, moto_env)  # then the moto example on the same ./data
+    assert status == REFUSED_EXIT
+    assert_one_line_refusal(log, "Tier 2", moto_env["SEGSTORE_TIER2"], "tier2 folder")
+    with ServerProcess(data) as server:  # its own Tier 2 still opens it, nothing lost
+        assert requests.get(server.url + "/v1/segments/kept", timeout=10).content == b"bytes"
+
+
+def test_a_missing_bucket_is_refused_in_one_line(tmp_path: Path, moto_env: dict[str, str]) -> None:
+    env = {**moto_env, "SEGSTORE_TIER2": "s3://no-such-bucket-here/data"}
+    status, log = refused_start(tmp_path / "data", env)
+    assert status == REFUSED_EXIT
+    assert_one_line_refusal(log, "s3://no-such-bucket-here/data/", "NoSuchBucket")
+    assert not (tmp_path / "data" / "store.json").exists(), "a refused start binds the folder to nothing"
+    with ServerProcess(tmp_path / "data", env=moto_env) as server:  # the bucket's name, corrected
+        assert requests.put(server.url + "/v1/segments/s", timeout=10).status_code == 201
+
+
+def test_refused_credentials_are_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")  # this moto checks every signature
+    with MotoServer(tmp_path / "moto.log") as moto:
+        env = {**FAKE_AWS_ENV, "SEGSTORE_TIER2": "s3://segs/data", "SEGSTORE_S3_ENDPOINT": moto.url}
+        status, log = refused_start(tmp_path / "data", env)
+    assert status == REFUSED_EXIT
+    assert_one_line_refusal(log, "s3://segs/data/", "cannot be used")
+
+
+def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with ServerProcess(data):
+        status, log = refused_start(data, {})
+    assert status == REFUSED_EXIT
+    assert_one_line_refusal(log, "another process owns the data directory")
+
+
+def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = ServerProcess(data, env={"SEGSTORE_ACCESS_LOG": "1"})
+    with server:
+        assert requests.put(server.url + "/v1/segments/a/b", timeout=10).status_code == 201
+    log = server.log_path.read_text()
+    started = [line for line in log.splitlines() if "segstore store: data folder" in line]
+    assert len(started) == 1, log
+    line = started[0]
+    assert str(data.absolute()) in line and "Tier 1 files in the data folder" in line, line
+    assert "Tier 2 the data folder's tier2 folder" in line, line
+    for container in range(4):
+        assert f"{container}: " in line.partition("recovered in")[2], line
+    assert '"PUT /v1/segments/a/b HTTP/1.1" 201' in log, log
+
+
+def test_without_the_setting_there_is_no_access_log(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data")
+    with server:
+        requests.put(server.url + "/v1/segments/a/b", timeout=10)
+    assert "/v1/segments/a/b HTTP/1.1" not in server.log_path.read_text()
