@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from engine import ContainerNotReady, StorageFull, Throttled
+from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
 from engine import container_state as state
 from engine.tier2.chunk_storage import ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
 from engine.tier2.memory import MemoryChunkStorage
@@ -109,7 +111,9 @@ def test_tier2_full_answers_storage_full_once_the_backlog_fills_then_heals(node:
     node.store.create("s")
     node.faults.outage("create", "write", "concat", full=True)
     chunk = b"x" * 8 * 1024
-    acknowledged = 0
+    node.store.append("s", chunk)
+    acknowledged = 1
+    wait_until(lambda: node.container.state == state.DEGRADED, what="a failed flush")
     with pytest.raises(StorageFull, match="Tier 2 is full"):
         for _ in range(100):
             node.store.append("s", chunk)
@@ -135,3 +139,40 @@ def test_a_tier2_outage_degrades_then_throttles(node: Node) -> None:
     assert "wait for Tier 2" in (node.container.state_reason or "")
     node.faults.end_outage()
     wait_until(lambda: node.container.state == state.RUNNING, timeout_s=15, what="Tier 2 catching up")
+
+
+def test_a_restart_on_a_full_disk_serves_reads_from_real_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real Tier 1 files: every os.write into the data folder fails with ENOSPC until space is freed."""
+    settings = small_settings(tmp_path)
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    store.create("s")
+    store.append("s", b"kept")
+    store.close()
+    disk = {"full": True}
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if disk["full"] and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    store = SegmentStore(settings)
+    store.start()
+    try:
+        wait_until(lambda: store.container_states()[0][1] == state.READ_ONLY, what="read-only")
+        assert store.read("s", 0).data == b"kept"
+        with pytest.raises(StorageFull):
+            store.append("s", b"lost")
+        disk["full"] = False
+        store.wait_ready(10)
+        store.append("s", b"+new")
+    finally:
+        store.close()
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    assert store.read("s", 0).data == b"kept+new"
+    store.close()

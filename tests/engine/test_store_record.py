@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import Misconfigured, SegmentStore, Settings
-from engine.store_record import LOCAL_TIER1, LOCAL_TIER2, StoreRecord, check_in_bucket
+from engine.store_record import LOCAL_TIER1, LOCAL_TIER2, StoreRecord, check_in_bucket, write_in_bucket
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import small_settings
 
@@ -82,8 +82,10 @@ def test_the_record_in_a_tier1_bucket_refuses_another_tier2() -> None:
     def settings(tier2: str, count: int = 4) -> Settings:
         return Settings(tier1="s3://b/t1", tier2=tier2, container_count=count)
 
-    check_in_bucket(bucket, settings("s3://b/t2"))
-    check_in_bucket(bucket, settings("s3://b/t2"))  # another node, the same store
+    first = check_in_bucket(bucket, settings("s3://b/t2"))
+    assert first == StoreRecord(4, "s3://b/t1/", "s3://b/t2/")
+    write_in_bucket(bucket, first)
+    assert check_in_bucket(bucket, settings("s3://b/t2")) is None  # another node, the same store
     with pytest.raises(Misconfigured, match="s3://b/other/"):
         check_in_bucket(bucket, settings("s3://b/other"))
     with pytest.raises(Misconfigured, match="container_count=4"):
@@ -94,6 +96,9 @@ def test_an_old_record_in_a_tier1_bucket_is_completed() -> None:
     bucket = MemoryChunkStorage()
     bucket.create("store.json", json.dumps({"container_count": 4}).encode())
     settings = Settings(tier1="s3://b/t1", tier2="s3://b/t2")
-    check_in_bucket(bucket, settings)
+    missing = check_in_bucket(bucket, settings)
+    assert missing is not None
+    write_in_bucket(bucket, missing)
     found = StoreRecord.parse(bucket.read(bucket.open_read("store.json"), 0, 4096), "store.json")
     assert found == StoreRecord(4, "s3://b/t1/", "s3://b/t2/")
+

@@ -173,10 +173,12 @@ def test_the_container_count_is_pinned_in_the_bucket(
             container_count=count,
         )
 
-    SegmentStore(settings(4, "a"))._check_record_in_tier1()
-    SegmentStore(settings(4, "b"))._check_record_in_tier1()  # a new node, the same count
+    for folder in ("a", "b"):  # a new node, the same count
+        store = SegmentStore(settings(4, folder))
+        store.start(wait=True)
+        store.close()
     with pytest.raises(InvalidArgument, match="container_count=4"):
-        SegmentStore(settings(2, "c"))._check_record_in_tier1()
+        SegmentStore(settings(2, "c")).start()
 
 
 def test_a_new_node_takes_the_epoch_from_the_bucket_not_its_folder(
