@@ -10,16 +10,22 @@ both tiers and each container's recovery time; the access log is a setting.
 
 from __future__ import annotations
 
+import select
+import socket
+import socketserver
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import requests
 
 from tests.conftest import FAKE_AWS_ENV
 from tests.motoserver import MotoServer
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +119,61 @@ def test_without_the_setting_there_is_no_access_log(tmp_path: Path) -> None:
     with server:
         requests.put(server.url + "/v1/segments/a/b", timeout=10)
     assert "/v1/segments/a/b HTTP/1.1" not in server.log_path.read_text()
+
+
+class Forwarder(socketserver.ThreadingTCPServer):
+    """A TCP port that forwards each connection to ``target``: an endpoint that starts answering later."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, target: int) -> None:
+        class Pipe(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                with socket.create_connection(("127.0.0.1", target)) as upstream:
+                    sockets = [self.request, upstream]
+                    while True:
+                        readable, _, _ = select.select(sockets, [], [], 30)
+                        if not readable:
+                            return
+                        for sock in readable:
+                            data = sock.recv(65536)
+                            if not data:
+                                return
+                            (upstream if sock is self.request else self.request).sendall(data)
+
+        super().__init__(("127.0.0.1", port), Pipe)
+
+
+def test_a_tier2_that_does_not_answer_yet_is_waited_for(tmp_path: Path) -> None:
+    """Connection refused is an outage, not a misconfiguration: the server waits, unhealthy, then serves."""
+    port = free_port()
+    env = {**FAKE_AWS_ENV, "SEGSTORE_TIER2": "s3://segs/data", "SEGSTORE_S3_ENDPOINT": f"http://127.0.0.1:{port}"}
+    server = ServerProcess(tmp_path / "data", env=env)
+    started = threading.Thread(target=server.start, kwargs={"timeout_s": 90})
+    started.start()
+    try:
+        with MotoServer(tmp_path / "moto.log") as moto:
+            keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+            s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", **keys)
+            s3.create_bucket(Bucket="segs")
+            deadline = time.monotonic() + 30
+            while "Tier 2 does not answer" not in server.log_tail():
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.2)
+            health = requests.get(server.url + "/healthz", timeout=10)
+            assert health.status_code == 503
+            assert {c["state"] for c in health.json()["containers"]} == {"recovering"}
+            with Forwarder(port, moto.port) as endpoint:  # Tier 2 answers from now on
+                threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+                started.join(90)
+                assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+                assert requests.get(server.url + "/healthz", timeout=10).status_code == 200
+                assert requests.put(server.url + "/v1/segments/s", timeout=10).status_code == 201
+                server.stop()
+                endpoint.shutdown()
+    finally:
+        started.join(90)
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+    assert "Traceback" not in server.log_path.read_text()

@@ -151,6 +151,10 @@ def test_readyz_says_why_recovery_failed(settings: Settings) -> None:
         assert_problem(response, 503, "Throttled")
         detail = response.get_json()["detail"]
         assert "recovery failed" in detail and "container 0" in detail
+        health = broken.test_client().get("/healthz")
+        assert health.status_code == 503
+        failed = health.get_json()["containers"][0]
+        assert failed["state"] == "failed" and failed["reason"]
     finally:
         broken.extensions["segstore"].close()
 
