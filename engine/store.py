@@ -141,8 +141,8 @@ class SegmentStore:
         log.info(
             "segstore store: data folder %s, Tier 1 %s, Tier 2 %s; containers recovered in %s",
             s.data_path.absolute(),
-            store_record.tier1_location(s),
-            store_record.tier2_location(s),
+            store_record.shown(store_record.tier1_location(s), s),
+            store_record.shown(store_record.tier2_location(s), s),
             recoveries,
         )
 

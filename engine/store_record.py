@@ -27,15 +27,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.config import Settings
-from engine.errors import DataCorrupted, Misconfigured
+from engine.errors import ContainerNotReady, DataCorrupted, Misconfigured
 from engine.naming import STORE_RECORD_NAME
-from engine.tier2.chunk_storage import ChunkExists, ChunkNotFound, ChunkStorage, ChunkStorageUnusable
+from engine.tier2.chunk_storage import (
+    ChunkExists,
+    ChunkNotFound,
+    ChunkStorage,
+    ChunkStorageError,
+    ChunkStorageUnusable,
+)
 
 log = logging.getLogger(__name__)
 
-# Tier 1 on local files, and Tier 2 in the data folder's own "tier2" folder (the defaults).
-LOCAL_TIER1 = "files in the data folder"
-LOCAL_TIER2 = "the data folder's tier2 folder"
+# Tier 1 on local files, and Tier 2 in the data folder's own "tier2" folder (the defaults):
+# recorded relative to the data folder, which may move.
+LOCAL_TIER1 = "<data folder>/tier1"
+LOCAL_TIER2 = "<data folder>/tier2"
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ class StoreRecord:
 def tier1_location(settings: Settings) -> str:
     location = settings.tier1_s3
     return LOCAL_TIER1 if location is None else f"s3://{location[0]}/{location[1]}"
+
+
+def shown(location: str, settings: Settings) -> str:
+    """A recorded location with the data folder's path in it, for a log line."""
+    return location.replace("<data folder>", str(settings.data_path.absolute()), 1)
 
 
 def tier2_location(settings: Settings) -> str:
@@ -147,6 +159,8 @@ def check_in_bucket(storage: ChunkStorage, settings: Settings) -> StoreRecord | 
         found = _read_from_bucket(storage, where)
     except ChunkStorageUnusable as exc:
         raise Misconfigured(f"{where} cannot be used: {exc}") from None
+    except ChunkStorageError as exc:  # not waited for here: the server's start would time out
+        raise ContainerNotReady(f"{where} does not answer: {exc}") from None
     if found is None:
         return wanted
     refusal = found.refusal(wanted, where)

@@ -66,7 +66,7 @@ def test_the_readme_order_is_refused_in_one_line(tmp_path: Path, moto_env: dict[
         assert requests.post(server.url + "/v1/segments/kept", data=b"bytes", timeout=10).status_code == 200
     status, log = refused_start(data, moto_env)  # then the moto example on the same ./data
     assert status == REFUSED_EXIT
-    assert_one_line_refusal(log, "Tier 2", moto_env["SEGSTORE_TIER2"], "tier2 folder")
+    assert_one_line_refusal(log, "Tier 2", moto_env["SEGSTORE_TIER2"], "<data folder>/tier2")
     with ServerProcess(data) as server:  # its own Tier 2 still opens it, nothing lost
         assert requests.get(server.url + "/v1/segments/kept", timeout=10).content == b"bytes"
 
@@ -107,8 +107,8 @@ def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
     started = [line for line in log.splitlines() if "segstore store: data folder" in line]
     assert len(started) == 1, log
     line = started[0]
-    assert str(data.absolute()) in line and "Tier 1 files in the data folder" in line, line
-    assert "Tier 2 the data folder's tier2 folder" in line, line
+    assert f"data folder {data.absolute()}," in line, line
+    assert f"Tier 1 {data.absolute()}/tier1, Tier 2 {data.absolute()}/tier2;" in line, line
     for container in range(4):
         assert f"{container}: " in line.partition("recovered in")[2], line
     assert '"PUT /v1/segments/a/b HTTP/1.1" 201' in log, log

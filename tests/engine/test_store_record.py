@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import Misconfigured, SegmentStore, Settings
+from engine import ContainerNotReady, Misconfigured, SegmentStore, Settings
 from engine.store_record import LOCAL_TIER1, LOCAL_TIER2, StoreRecord, check_in_bucket, write_in_bucket
+from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageUnusable
+from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import small_settings
 
@@ -102,3 +104,20 @@ def test_an_old_record_in_a_tier1_bucket_is_completed() -> None:
     found = StoreRecord.parse(bucket.read(bucket.open_read("store.json"), 0, 4096), "store.json")
     assert found == StoreRecord(4, "s3://b/t1/", "s3://b/t2/")
 
+
+
+class RefusingBucket(MemoryChunkStorage):
+    """A Tier 1 bucket S3 refuses us (credentials refused)."""
+
+    def open_read(self, name: str) -> ChunkHandle:
+        raise ChunkStorageUnusable("S3 head 'store.json' failed: 403")
+
+
+def test_a_tier1_bucket_that_refuses_us_or_does_not_answer_is_a_one_line_refusal() -> None:
+    settings = Settings(tier1="s3://b/t1", tier2="s3://b/t2")
+    with pytest.raises(Misconfigured, match="cannot be used: .*403"):
+        check_in_bucket(RefusingBucket(), settings)
+    down = FaultyChunkStorage(MemoryChunkStorage())
+    down.outage()
+    with pytest.raises(ContainerNotReady, match="does not answer"):
+        check_in_bucket(down, settings)
