@@ -115,7 +115,7 @@ class RefusingBucket(MemoryChunkStorage):
 
 def test_a_tier1_bucket_that_refuses_us_or_does_not_answer_is_a_one_line_refusal() -> None:
     settings = Settings(tier1="s3://b/t1", tier2="s3://b/t2")
-    with pytest.raises(Misconfigured, match="cannot be used: .*403"):
+    with pytest.raises(Misconfigured, match=r"cannot be used: .*403"):
         check_in_bucket(RefusingBucket(), settings)
     down = FaultyChunkStorage(MemoryChunkStorage())
     down.outage()
