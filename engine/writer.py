@@ -95,6 +95,8 @@ class StorageWriter:
         self._thread: threading.Thread | None = None
         # The error of the last round when Tier 2 writes fail (retried), None once a round succeeds.
         self.failing: Exception | None = None
+        self._lag_gauge = metrics.writer_lag_bytes.labels(str(container_id))
+        self._cache_gauge = metrics.cache_bytes.labels(str(container_id))
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -379,9 +381,8 @@ class StorageWriter:
                 self.metadata.orphan_chunks.extend(orphans)
         held_max = self.settings.attribute_cache_max_bytes // ATTRIBUTE_MEMORY_BYTES
         self.metrics.attributes_evicted.inc(self.metadata.evict_attributes(held_max))
-        label = str(self.container_id)
-        self.metrics.writer_lag_bytes.labels(label).set(self.metadata.unflushed_bytes)
-        self.metrics.cache_bytes.labels(label).set(self.read_index.cache.size)
+        self._lag_gauge.set(self.metadata.unflushed_bytes)
+        self._cache_gauge.set(self.read_index.cache.size)
         with self._cond:
             if not self._aggregators:
                 self._force = False
