@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from engine.tier2 import local
-from engine.tier2.chunk_storage import ChunkExists, ChunkHandle, ChunkNotFound, ChunkStorageError
+from engine.tier2.chunk_storage import (
+    ChunkExists,
+    ChunkHandle,
+    ChunkNotFound,
+    ChunkStorageError,
+    ChunkStorageFull,
+    ChunkStorageUnusable,
+)
 from engine.tier2.local import TEMP_PREFIX, LocalChunkStorage
 
 REPO = Path(__file__).resolve().parents[3]
@@ -179,3 +186,21 @@ def test_works_under_gevent(tmp_path: Path) -> None:
         check=True,
     )
     assert done.stdout.strip() == "abcdefgh ['c0/s.1/e1', 'c0/s.1/e2']"
+
+
+def test_a_full_disk_and_a_folder_we_may_not_write_are_told_apart(
+    storage: LocalChunkStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC heals once space is freed (ChunkStorageFull); EACCES is a misconfiguration."""
+    handle = storage.create("c", b"x")
+    real_pwrite = os.pwrite
+    for code, raised in ((errno.ENOSPC, ChunkStorageFull), (errno.EACCES, ChunkStorageUnusable)):
+
+        def refuse(fd: int, data: Any, offset: int, code: int = code) -> int:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "pwrite", refuse)
+        with pytest.raises(raised):
+            storage.write(handle, 1, b"y")
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert storage.write(handle, 1, b"y") == 2

@@ -16,7 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.servers import free_port
-from engine.tier2.chunk_storage import ChunkExists, ChunkHandle, ChunkNotFound, ChunkStorageError
+from engine.tier2.chunk_storage import (
+    ChunkExists,
+    ChunkHandle,
+    ChunkNotFound,
+    ChunkStorageError,
+    ChunkStorageUnusable,
+)
 from engine.tier2.s3 import MIN_PART_BYTES, Piece, S3ChunkStorage, make_client, plan_parts
 
 MiB = 1024 * 1024
@@ -217,7 +223,7 @@ def test_a_missing_bucket_is_a_storage_error_not_a_missing_chunk(s3_client: Any,
     with pytest.raises(ChunkStorageError) as caught:
         storage.read(ChunkHandle("c", read_only=True), 0, 1)
     assert not isinstance(caught.value, ChunkNotFound)
-    with pytest.raises(ChunkStorageError):
+    with pytest.raises(ChunkStorageUnusable, match="NoSuchBucket"):  # a misconfiguration, not an outage
         list(storage.list())
 
 
@@ -237,7 +243,7 @@ def test_an_unreachable_endpoint_is_a_storage_error(moto_endpoint: str) -> None:
     ):
         with pytest.raises(ChunkStorageError) as caught:
             call()
-        assert not isinstance(caught.value, ChunkNotFound)
+        assert not isinstance(caught.value, ChunkNotFound | ChunkStorageUnusable)  # an outage: retried
 
 
 def test_the_default_client(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> None:
