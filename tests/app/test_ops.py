@@ -48,15 +48,23 @@ def test_healthz_is_503_while_appends_are_throttled(
         store.wait_ready(30)
         made[0].outage()
         assert client.put("/v1/segments/s").status_code == 201
-        statuses = [client.post("/v1/segments/s", data=b"x" * 4096).status_code for _ in range(8)]
+        assert client.post("/v1/segments/s", data=b"x" * 4096).status_code == 200
+
+        def mine(body: dict) -> dict:
+            return next(c for c in body["containers"] if c["id"] == store.container_of("s"))
+
+        wait_until(lambda: mine(client.get("/healthz").get_json())["state"] == "degraded", what="degraded")
+        degraded = client.get("/healthz")
+        assert degraded.status_code == 200  # appends are still taken
+        assert "Tier 2 writes fail" in mine(degraded.get_json())["reason"]
+        statuses = [client.post("/v1/segments/s", data=b"x" * 4096).status_code for _ in range(7)]
         assert statuses[0] == 200 and statuses[-1] == 503, statuses
         health = client.get("/healthz")
         check_response(health)
         assert health.status_code == 503
         body = health.get_json()
         assert body["status"] == "unavailable"
-        mine = next(c for c in body["containers"] if c["id"] == store.container_of("s"))
-        assert mine["state"] == "throttled" and "Tier 2" in mine["reason"]
+        assert mine(body)["state"] == "throttled" and "Tier 2" in mine(body)["reason"]
         refused = store.registry.get_sample_value(
             "segstore_throttled_requests_total", {"reason": "tier2_backlog"}
         )
