@@ -10,6 +10,7 @@ both tiers and each container's recovery time; the access log is a setting.
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import socketserver
@@ -103,6 +104,9 @@ def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
     server = ServerProcess(data, env={"SEGSTORE_ACCESS_LOG": "1"})
     with server:
         assert requests.put(server.url + "/v1/segments/a/b", timeout=10).status_code == 201
+        metrics = requests.get(server.url + "/metrics", timeout=10).text
+    assert "process_resident_memory_bytes" in metrics and "segstore_build_info{" in metrics
+    assert not re.search(r"^\w+_created[{ ]", metrics, re.M), "a _created series"
     log = server.log_path.read_text()
     started = [line for line in log.splitlines() if "segstore store: data folder" in line]
     assert len(started) == 1, log
