@@ -4,10 +4,12 @@ The engine is built in the worker by ``create_app()`` (``preload_app`` stays
 off, so the arbiter never opens the data directory) and closed when the
 worker exits. SIGTERM drains requests for up to ``graceful_timeout`` seconds.
 
-A store that must not start (its record names another Tier 2, its Tier 2
-refuses us, another process holds the folder) is refused with one log line:
-the worker exits with gunicorn's boot-error code, which stops the arbiter
-too (exit status 3) instead of starting worker after worker. The engine's
+A store that must not start is refused with one log line, and the worker
+exits with a status that stops the arbiter too instead of starting worker
+after worker: 3 for a misconfiguration (its record names another Tier 2,
+its Tier 2 refuses us), which a restart would only meet again; 4 when what
+it needs may come (another process still holds the folder, an S3 Tier 1
+does not answer), which a service manager may start again. The engine's
 and the app's log lines go where gunicorn's own go, in its format.
 """
 
@@ -15,10 +17,11 @@ import logging
 import os
 import sys
 
-from engine import SegstoreError, Settings, load_settings
+from engine import SegstoreError, Settings, StoreLocked, Throttled, load_settings
 
-# A worker exiting with this makes the arbiter stop (gunicorn's Arbiter.WORKER_BOOT_ERROR).
-WORKER_BOOT_ERROR = 3
+# Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
+MISCONFIGURED = 3
+NOT_YET = 4
 
 
 def unauthenticated_bind_refusal(settings: Settings) -> str | None:
@@ -74,16 +77,17 @@ def post_fork(server, worker):
         try:
             load_wsgi()
         except SegstoreError as exc:  # a refused start: no traceback, and no worker after this one
-            refuse(worker, exc.detail)
+            may_pass = isinstance(exc, StoreLocked | Throttled)
+            refuse(worker, exc.detail, NOT_YET if may_pass else MISCONFIGURED)
 
     worker.load_wsgi = load_or_refuse
 
 
-def refuse(worker, why):
-    """Log why the store cannot start, and stop the whole server."""
+def refuse(worker, why, status):
+    """Log why the store cannot start, and stop the whole server with ``status``."""
     worker.log.error("segstore cannot start: %s", why)
     sys.stderr.flush()
-    os._exit(WORKER_BOOT_ERROR)
+    os._exit(status)
 
 
 def post_worker_init(worker):
@@ -106,7 +110,7 @@ def post_worker_init(worker):
         why = store.wait_refusal()
         if why is not None:
             store.close()
-            refuse(worker, why)
+            refuse(worker, why, MISCONFIGURED)
 
     if store is not None:
         gevent.spawn(refuse_if_misconfigured)
