@@ -3,18 +3,16 @@
 It validates names, routes each segment to one of ``container_count``
 containers by a stable hash, and owns the containers' lifecycle: ``start``
 recovers them (in parallel, in the background), ``close`` stops them cleanly.
-It also owns the data directory: an exclusive lock, and the store record
-(``engine/store_record.py``: the container count, Tier 1 and Tier 2 it was
-created with). With Tier 1 on S3 the data directory holds nothing: the record
-lives in the bucket and each container log's fence replaces the lock.
+It opens the data folder first (``engine/data_folder.py``: its lock, and the
+store record of the container count, Tier 1 and Tier 2 it was created with).
+With Tier 1 on S3 the data folder holds nothing: the record lives in the
+bucket and each container log's fence replaces the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import threading
 import time
 import uuid
@@ -24,9 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from engine import store_record
 from engine.attributes import AttributeUpdate
-from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.container import SegmentContainer
+from engine.data_folder import DataFolder
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.file_log import FileDataLog
 from engine.durable_log.object_log import ObjectDataLog
@@ -37,20 +35,16 @@ from engine.errors import (
     SegmentNotSealed,
     SegmentSealed,
     SegstoreError,
-    StoreLocked,
     Throttled,
 )
 from engine.metrics import EngineMetrics, register_process_metrics
 from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_name
 from engine.store_metrics import ContainerCollector
-from engine.tier2.chunk_storage import ChunkStorage, ChunkStorageError
+from engine.tier2.chunk_storage import ChunkStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 log = logging.getLogger(__name__)
-
-_LOCK_FILE = "LOCK"
-
 
 class SegmentStore:
     """All segments of one data directory. Thread-safe; blocking calls are cooperative under gevent."""
@@ -61,13 +55,12 @@ class SegmentStore:
         register_process_metrics(self.registry)
         self.metrics = EngineMetrics(self.registry)
         self.registry.register(ContainerCollector(lambda: self._containers))
-        self._lock_fd: int | None = None
         self._storage: ChunkStorage | None = None
         self._tier1_storage: ChunkStorage | None = None
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._started = threading.Event()
         self._announcer: threading.Thread | None = None
-        self._record_to_write: store_record.StoreRecord | None = None
+        self._folder = DataFolder(settings, self._tier1_objects)
         self._closed = False
         self._draining = False
 
@@ -79,10 +72,7 @@ class SegmentStore:
         ``StoreLocked`` when another process owns the data folder.
         """
         if not self._containers:
-            if self.settings.tier1_s3 is None:
-                run_blocking(self._lock_data_dir)
-            else:  # the fence of each container's log replaces the data folder's lock
-                self._check_record_in_tier1()
+            self._folder.open()
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
         for container in self._containers:
             container.start()
@@ -92,39 +82,6 @@ class SegmentStore:
         if wait:
             self.wait_ready()
 
-    def _lock_data_dir(self) -> None:
-        data = self.settings.data_path
-        data.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLocked(f"another process owns the data directory {data}") from None
-        try:
-            self._record_to_write = store_record.check_in_folder(data, self.settings)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._lock_fd = fd
-
-    def _check_record_in_tier1(self) -> None:
-        """With Tier 1 on S3 the store record lives in the bucket, not the data folder."""
-        self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), self.settings)
-
-    def _write_record(self) -> None:
-        """Write the store record once every container reached Tier 2 (a start that failed binds nothing)."""
-        record, self._record_to_write = self._record_to_write, None
-        if record is None:
-            return
-        try:
-            if self.settings.tier1_s3 is None:
-                run_blocking(store_record.write_in_folder, self.settings.data_path, record)
-            else:
-                store_record.write_in_bucket(self._tier1_objects(), record)
-        except (OSError, ChunkStorageError) as exc:
-            log.warning("the store record is not written (%s); the next start writes it", exc)
-
     def _announce(self) -> None:
         """Once every container is past recovery: one line naming the store and each recovery's time."""
         for container in self._containers:
@@ -132,7 +89,7 @@ class SegmentStore:
         if self.refusal() is not None or self._closed:
             return  # the server refuses to start, and says why (or it is stopping already)
         if self.ready:
-            self._write_record()
+            self._folder.write_record()
         s = self.settings
         recoveries = ", ".join(
             f"{c.container_id}: {c.recovery_s:.2f}s" if c.failure is None else f"{c.container_id}: failed"
@@ -253,9 +210,7 @@ class SegmentStore:
         self._closed = True
         for container in self._containers:
             container.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._folder.close()
 
     # ------------------------------------------------------------------ routing
     def _container(self, name: str) -> SegmentContainer:
