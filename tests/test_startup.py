@@ -24,9 +24,7 @@ import boto3
 import pytest
 import requests
 
-from tests.conftest import FAKE_AWS_ENV
-from tests.motoserver import MotoServer
-from tests.serverproc import ServerProcess, free_port
+from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
