@@ -33,7 +33,6 @@ from engine.errors import (
     SegmentNotFound,
     SegmentSealed,
     SegmentTruncated,
-    SegstoreError,
     StorageFull,
     Throttled,
 )
@@ -373,29 +372,6 @@ class SegmentContainer(ContainerLifecycle):
                 raise SegmentNotFound(f"transaction {txid} of {parent!r} does not exist") from None
             return recorded
         return MergeResult(op.offset, op.length, self.metadata.info(parent))
-
-    def _reap_transactions(self) -> None:
-        """Abort transactions idle longer than ``transaction_timeout_s``, and those whose parent is gone."""
-        timeout_s = self.settings.transaction_timeout_s
-        period_s = min(max(timeout_s / 4, 0.05), 30.0)
-        while not self._stopping.wait(period_s):
-            idle_before = time.time() - timeout_s
-            with self.metadata.lock:
-                expired = []
-                for name, seg_id in self.metadata.names.items():
-                    if not naming.is_internal(name):
-                        continue
-                    seg = self.metadata.segments[seg_id]
-                    orphan = naming.parent_of(name) not in self.metadata.names
-                    if orphan or (seg.last_modified or seg.created) < idle_before:
-                        expired.append((name, seg_id))
-            for name, seg_id in expired:
-                try:
-                    self._submit(ops.Delete(name=name, segment_id=seg_id))
-                except SegstoreError as exc:
-                    log.debug("container %d: %s not aborted: %s", self.container_id, name, exc)
-                else:
-                    log.info("container %d: %s aborted (idle or orphaned)", self.container_id, name)
 
     def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
         """A writer's last event number: the attribute its id names."""

@@ -9,6 +9,7 @@ the checkpoint again every second) and a Tier 2 that does not answer
 (backoff up to 10 s). A Tier 2 that refuses us (no bucket, credentials
 refused) fails the start as ``Misconfigured``, which stops the server.
 ``state`` (``engine/container_state.py``) says what the container serves now.
+The transaction reaper runs from the end of recovery until the container stops.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import threading
 import time
 
 from engine import container_state as states
-from engine import store_record
+from engine import naming, store_record
+from engine import operations as ops
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
-from engine.errors import ContainerNotReady, Misconfigured, StorageFull
+from engine.errors import ContainerNotReady, Misconfigured, SegstoreError, StorageFull
 from engine.metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
 from engine.read_index import ReadIndex
@@ -96,7 +98,7 @@ class ContainerLifecycle:
             self.durable_log.start()
             self.writer.start()
             threading.Thread(
-                target=self._reap_transactions,  # SegmentContainer's: transactions are its business
+                target=self._reap_transactions,
                 name=f"reaper-{self.container_id}",
                 daemon=True,
             ).start()
@@ -171,6 +173,31 @@ class ContainerLifecycle:
         dropped = self.chunked.collect_garbage(referenced)
         if dropped:
             log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
+
+    def _reap_transactions(self) -> None:
+        """Abort transactions idle longer than ``transaction_timeout_s``, and those whose parent is gone."""
+        timeout_s = self.settings.transaction_timeout_s
+        period_s = min(max(timeout_s / 4, 0.05), 30.0)
+        while not self._stopping.wait(period_s):
+            idle_before = time.time() - timeout_s
+            with self.metadata.lock:
+                expired = []
+                for name, seg_id in self.metadata.names.items():
+                    if not naming.is_internal(name):
+                        continue
+                    seg = self.metadata.segments[seg_id]
+                    orphan = naming.parent_of(name) not in self.metadata.names
+                    if orphan or (seg.last_modified or seg.created) < idle_before:
+                        expired.append((name, seg_id))
+            for name, seg_id in expired:
+                try:
+                    self._check_ready()
+                    self.durable_log.add(ops.Delete(name=name, segment_id=seg_id)).result()
+                except SegstoreError as exc:
+                    log.debug("container %d: %s not aborted: %s", self.container_id, name, exc)
+                else:
+                    log.info("container %d: %s aborted (idle or orphaned)", self.container_id, name)
+
 
     @property
     def failure(self) -> str | None:
