@@ -141,12 +141,15 @@ class _Counted:
         return iter(self.body)
 
     def close(self) -> None:
+        if self.gauge is None:
+            return  # closed already
+        gauge, self.gauge = self.gauge, None
         try:
             close = getattr(self.body, "close", None)
             if close is not None:
                 close()
         finally:
-            self.gauge.dec()
+            gauge.dec()
 
 
 def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:

@@ -236,6 +236,7 @@ def test_open_tails_and_event_streams_are_gauges(app: Flask, store: SegmentStore
     assert stream.status_code == 200
     assert value("segstore_event_streams") == 1
     stream.close()
+    stream.close()
     assert value("segstore_event_streams") == 0
     waiting = threading.Thread(target=lambda: store.read("scope/stream/0", 0, wait_s=5))
     waiting.start()
