@@ -100,7 +100,8 @@ def test_native_listings_hide_reserved_names_and_refuse_reserved_prefixes(
 ) -> None:
     listed = client.get("/v1/segments").json["segments"]
     assert [s["name"] for s in listed] == ["bk1/k"]
-    assert client.get("/v1/segments", query_string={"after": "#"}).json["segments"] == listed
+    after_mark = client.get("/v1/segments", query_string={"after": "#"}).json["segments"]
+    assert [s["name"] for s in after_mark] == ["bk1/k"]  # the storage writer may flush in between
     for prefix in ("#", "#s3/", "#stream/meta/", "bk1/k#"):
         response = raw_client.get("/v1/segments", query_string={"prefix": prefix})
         assert response.status_code == 400 and response.json["code"] == "InvalidName"
