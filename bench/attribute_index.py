@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.appends import Spread
+from bench.common import Spread
 from engine.attribute_index import AttributeIndex, NodeCache
 from engine.attribute_index.memory import LivePageStore
 from engine.attribute_index.tree import COMPACTION_RATIO
@@ -151,7 +151,7 @@ def _lookups(store: LivePageStore, index: AttributeIndex, keys: list[bytes], cou
     return LookupRun(label, count / seconds, (warm.page_reads - reads_before) / count, most)
 
 
-def _progress(text: str) -> None:
+def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs.append(run)
                     if rep == 0 and table == 2 and batch == BATCHES[-1] and compaction == "default":
                         tree = state, keys
-                    _progress(f"run {rep + 1}, table {table}, batch {batch}, compaction {compaction}: "
+                    progress(f"run {rep + 1}, table {table}, batch {batch}, compaction {compaction}: "
                               f"{run.index_mb:,.1f} MB after truncation, {run.appended_mb:,.1f} MB appended, "
                               f"{run.seconds:.1f} s")
 

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.appends import Spread, _percentile, _process_cpu_s, _worker_pid, run_in_workdir
+from bench.common import Spread, percentile, process_cpu_s, run_in_workdir, worker_pid
 from bench.servers import ServerProcess, free_port
 from client.events import DEFAULT_LINGER_S, EventReader, EventWriter
 from client.segment_client import SegmentClient
@@ -118,13 +118,13 @@ def segstore_run(server: ServerProcess, segment: str, writers: int, plan: Plan) 
     ]
     for proc in procs:
         proc.start()
-    worker = _worker_pid(server)
+    worker = worker_pid(server)
     barrier.wait(60)
-    cpu_before = _process_cpu_s(worker)
+    cpu_before = process_cpu_s(worker)
     started = time.monotonic()
     outcomes = [results.get(timeout=plan.duration_s + 120) for _ in procs]
     elapsed = time.monotonic() - started
-    server_cpu = (_process_cpu_s(worker) - cpu_before) / elapsed
+    server_cpu = (process_cpu_s(worker) - cpu_before) / elapsed
     for proc in procs:
         proc.join(30)
     failures = [o for o in outcomes if isinstance(o, str)]
@@ -272,8 +272,8 @@ def _latency(sent: list[float], seen: list[float]) -> LatencyRun:
     delays = [b - a for a, b in zip(sent, seen, strict=True)]
     return LatencyRun(
         len(delays),
-        _percentile(delays, 50) * 1000,
-        _percentile(delays, 99) * 1000,
+        percentile(delays, 50) * 1000,
+        percentile(delays, 99) * 1000,
         max(delays) * 1000,
     )
 
@@ -361,11 +361,11 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
         }
         for r in range(plan.repeat):
             for n in WRITERS:
-                _progress(f"run {r + 1}/{plan.repeat}: segstore, {n} EventWriter(s)")
+                progress(f"run {r + 1}/{plan.repeat}: segstore, {n} EventWriter(s)")
                 segstore[n].append(segstore_run(server, f"bench/events-w{n}-r{r}", n, plan))
-            _progress(f"run {r + 1}/{plan.repeat}: redis-benchmark XADD -P 16 -c 50")
+            progress(f"run {r + 1}/{plan.repeat}: redis-benchmark XADD -P 16 -c 50")
             redis_rates.append(redis_benchmark_run(redis, f"bench-r{r}", plan.duration_s))
-            _progress(f"run {r + 1}/{plan.repeat}: latency at {plan.latency_rate:g} events/s")
+            progress(f"run {r + 1}/{plan.repeat}: latency at {plan.latency_rate:g} events/s")
             latency["segstore"].append(
                 segstore_latency(server, f"bench/latency-r{r}", plan.latency_rate, plan.latency_s, LINGER_S)
             )
@@ -442,7 +442,7 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
 
 

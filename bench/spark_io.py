@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.appends import Spread, _wait_writer_idle, run_in_workdir
+from bench.common import Spread, run_in_workdir, wait_writer_idle
 from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
 
@@ -128,19 +128,19 @@ def one_round(spark: Any, server: ServerProcess, segment: str, files: Path, even
             .load()
         )
 
-    _progress(f"run {r + 1}: segstore read")
+    progress(f"run {r + 1}: segstore read")
     seconds, rows = _timed(
         lambda: segstore_df("length_prefixed").selectExpr("count(*)", "sum(length(value))").first()
     )
     if tuple(rows) != (events, events * PAYLOAD_BYTES):
         raise RuntimeError(f"segstore read {tuple(rows)}, expected {(events, events * PAYLOAD_BYTES)}")
     segstore_read = payload_mib / seconds
-    _progress(f"run {r + 1}: segstore raw read")
+    progress(f"run {r + 1}: segstore raw read")
     seconds, rows = _timed(lambda: segstore_df("raw").selectExpr("sum(length(value))").first())
     if rows[0] != stored:
         raise RuntimeError(f"segstore raw read {rows[0]} bytes, expected {stored}")
     raw_read = stored / MiB / seconds
-    _progress(f"run {r + 1}: binaryFile read")
+    progress(f"run {r + 1}: binaryFile read")
     binary = spark.read.format("binaryFile").load(str(files))
     seconds, rows = _timed(lambda: binary.selectExpr("sum(length(content))").first())
     if rows[0] != stored:
@@ -153,7 +153,7 @@ def one_round(spark: Any, server: ServerProcess, segment: str, files: Path, even
     )
     target = f"{segment}-out-{r}"
     SegmentClient(server.url).create(target)
-    _progress(f"run {r + 1}: segstore write")
+    progress(f"run {r + 1}: segstore write")
     seconds, _ = _timed(
         lambda: (
             values.write.format("segstore")
@@ -168,12 +168,12 @@ def one_round(spark: Any, server: ServerProcess, segment: str, files: Path, even
         raise RuntimeError(f"segstore write stored {written} bytes, expected {stored}")
     segstore_write = payload_mib / seconds
     SegmentClient(server.url).delete(target)
-    _progress(f"run {r + 1}: parquet write")
+    progress(f"run {r + 1}: parquet write")
     out = files.parent / f"parquet-{r}"
     seconds, _ = _timed(lambda: values.write.option("compression", "none").parquet(str(out)))
     files_write = payload_mib / seconds
     shutil.rmtree(out, ignore_errors=True)
-    _wait_writer_idle(server)
+    wait_writer_idle(server)
     return Round(segstore_read, raw_read, files_read, segstore_write, files_write)
 
 
@@ -185,15 +185,15 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
     rounds: list[Round] = []
     with ServerProcess(workdir / "data", env=SERVER_ENV) as server:
         segment = "bench/spark/0"
-        _progress(f"loading {plan.total_bytes / MiB:,.0f} MiB into segstore and into files")
+        progress(f"loading {plan.total_bytes / MiB:,.0f} MiB into segstore and into files")
         with SegmentClient(server.url) as client:
             events = load_data(client, segment, workdir / "files", plan.total_bytes)
             warm_events = load_data(client, "bench/warm/0", workdir / "warm", 16 * MiB)
-        _wait_writer_idle(server, timeout_s=600)
+        wait_writer_idle(server, timeout_s=600)
         doc["events"] = events
         spark = spark_session(plan.spark_master)
         try:
-            _progress("warm-up: every action once on 16 MiB")
+            progress("warm-up: every action once on 16 MiB")
             one_round(spark, server, "bench/warm/0", workdir / "warm", warm_events, -1)
             for r in range(plan.repeat):
                 rounds.append(one_round(spark, server, segment, workdir / "files", events, r))
@@ -239,7 +239,7 @@ def render(doc: dict[str, Any]) -> str:
     )
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
 
 

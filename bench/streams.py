@@ -42,7 +42,8 @@ from typing import Any
 
 import requests
 
-from bench.appends import Spread, _Connection, _percentile, _request_bytes, _wait_writer_idle
+from bench.common import Spread, percentile, wait_writer_idle
+from bench.load import Connection, request_bytes
 from bench.servers import ROOT, ServerProcess, free_port
 
 HOST = "127.0.0.1"
@@ -148,7 +149,7 @@ class LoadSpec:
 
 
 async def _closed_loop(
-    conn: _Connection, request: bytes, start: float, stop: float, tally: list[int]
+    conn: Connection, request: bytes, start: float, stop: float, tally: list[int]
 ) -> None:
     loop = asyncio.get_running_loop()
     while loop.time() < stop:
@@ -161,7 +162,7 @@ async def _closed_loop(
 
 
 async def _drive(spec: LoadSpec, barrier: Any) -> int:
-    conns = [_Connection(spec.port) for _ in range(spec.connections)]
+    conns = [Connection(spec.port) for _ in range(spec.connections)]
     for conn in conns:
         await conn.open()
     barrier.wait(60)
@@ -171,7 +172,7 @@ async def _drive(spec: LoadSpec, barrier: Any) -> int:
     tally = [0]
     body = b"x" * APPEND_BYTES
     requests_ = [
-        _request_bytes(
+        request_bytes(
             "POST", f"/v1/stream/{spec.streams[(spec.first_connection + i) % len(spec.streams)]}", body
         )
         for i in range(spec.connections)
@@ -235,26 +236,26 @@ async def _tail_latency(port: int, stream: str, rate: float, duration_s: float) 
     target = f"/v1/stream/{stream}"
 
     async def write() -> None:
-        conn = _Connection(port)
+        conn = Connection(port)
         first = loop.time() + 0.3
         for i in range(total):
             delay = first + i / rate - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             sent[i] = loop.time()
-            status, _, body = await conn.request(_request_bytes("POST", target, i.to_bytes(8, "big") + pad))
+            status, _, body = await conn.request(request_bytes("POST", target, i.to_bytes(8, "big") + pad))
             if status not in (200, 204):
                 raise RuntimeError(f"tail append {i}: {status} {body[:200]!r}")
         conn.close()
 
     async def read() -> None:
-        conn = _Connection(port)
+        conn = Connection(port)
         offset = "now"
         pending = b""
         got = 0
         while got < total:
             status, headers, body = await conn.request(
-                _request_bytes("GET", f"{target}?offset={offset}&live=long-poll")
+                request_bytes("GET", f"{target}?offset={offset}&live=long-poll")
             )
             now = loop.time()
             if status not in (200, 204):
@@ -269,7 +270,7 @@ async def _tail_latency(port: int, stream: str, rate: float, duration_s: float) 
         conn.close()
 
     await asyncio.wait_for(asyncio.gather(write(), read()), duration_s + 60)
-    return _percentile(delivered, 50) * 1000, _percentile(delivered, 99) * 1000
+    return percentile(delivered, 50) * 1000, percentile(delivered, 99) * 1000
 
 
 # -------------------------------------------------------------------- runs
@@ -316,7 +317,7 @@ def measure(plan: Plan, workdir: Path, progress: Callable[[str], None]) -> dict[
         for i in range(plan.repeat):
             # segstore's storage writer moves the last run's appends to Tier 2 in the
             # background; the reference server has no such work to wait for.
-            settles = {"segstore": lambda: _wait_writer_idle(segstore), "reference": lambda: None}
+            settles = {"segstore": lambda: wait_writer_idle(segstore), "reference": lambda: None}
             for name, server in (("segstore", segstore), ("reference", reference)):
                 progress(f"run {i + 1}/{plan.repeat}: {name}")
                 runs[name].append(measure_server(server.url, server.port, plan, f"r{i}", settles[name]))

@@ -36,21 +36,9 @@ from typing import Any
 import boto3
 import requests
 
-from bench.appends import (
-    BIG_APPEND_BYTES,
-    CONCURRENCY,
-    SERVER_ENV,
-    SMALL_APPEND_BYTES,
-    LoadResult,
-    LoadSpec,
-    Spread,
-    _percentile,
-    _progress,
-    create_segment,
-    run_in_workdir,
-    run_load,
-    tier1_metric,
-)
+from bench.appends import BIG_APPEND_BYTES, CONCURRENCY, SERVER_ENV, SMALL_APPEND_BYTES
+from bench.common import Spread, create_segment, percentile, progress, run_in_workdir, tier1_metric
+from bench.load import LoadResult, LoadSpec, run_load
 from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess
 from engine import Settings
 
@@ -118,7 +106,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             for r in range(repeat):
                 for clients in CONCURRENCY:
                     for kind, server in servers.items():
-                        _progress(f"run {r + 1}: {kind}, {clients} clients of 100 B")
+                        progress(f"run {r + 1}: {kind}, {clients} clients of 100 B")
                         segment = f"bench/{kind}/{r}/{clients}"
                         create_segment(server, segment)
                         spec = LoadSpec(
@@ -128,14 +116,14 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         runs[kind].setdefault(f"small_{clients}", []).append(result)
                 for clients in LATENCY_CLIENTS:
                     for kind, server in servers.items():
-                        _progress(f"run {r + 1}: {kind}, ack latency with {clients} clients")
+                        progress(f"run {r + 1}: {kind}, ack latency with {clients} clients")
                         segment = f"bench/{kind}/{r}/latency{clients}"
                         create_segment(server, segment)
                         runs[kind].setdefault(f"latency_{clients}", []).append(
                             _latencies(server.url, segment, clients, duration_s)
                         )
                 for kind, server in servers.items():
-                    _progress(f"run {r + 1}: {kind}, 1 MiB appends")
+                    progress(f"run {r + 1}: {kind}, 1 MiB appends")
                     segment = f"bench/{kind}/{r}/big"
                     create_segment(server, segment)
                     spec = LoadSpec(server.port, segment, BIG_APPEND_BYTES, 4, warmup_s, duration_s)
@@ -150,15 +138,15 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def _summary(runs: dict[str, dict[str, list[Any]]], moto_ms: list[float], repeat: int) -> dict[str, Any]:
-    doc: dict[str, Any] = {"repeat": repeat, "moto_put_ms": {"p50": _percentile(moto_ms, 50),
-                                                              "p99": _percentile(moto_ms, 99)}}  # fmt: skip
+    doc: dict[str, Any] = {"repeat": repeat, "moto_put_ms": {"p50": percentile(moto_ms, 50),
+                                                              "p99": percentile(moto_ms, 99)}}  # fmt: skip
     for kind, measured in runs.items():
         section: dict[str, Any] = {}
         for name, results in measured.items():
             if name.startswith("latency"):
                 section[name] = {
-                    "p50_ms": asdict(Spread.of([_percentile(r, 50) for r in results])),
-                    "p99_ms": asdict(Spread.of([_percentile(r, 99) for r in results])),
+                    "p50_ms": asdict(Spread.of([percentile(r, 50) for r in results])),
+                    "p99_ms": asdict(Spread.of([percentile(r, 99) for r in results])),
                 }
                 continue
             loads: list[LoadResult] = results

@@ -35,45 +35,49 @@ import http.client
 import itertools
 import os
 import platform
-import re
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from bench.appends import (
-    HOST,
+from bench.common import (
     Spread,
-    _Connection,
-    _metric_total,
-    _process_cpu_s,
-    _progress,
-    _request_bytes,
-    _spread_of,
-    _worker_pid,
     create_segment,
+    metric_total,
+    process_cpu_s,
+    progress,
     run_in_workdir,
+    spread_of,
+    worker_pid,
 )
-from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer, ServerProcess
+from bench.load import HOST, Connection, request_bytes
+from bench.servers import MotoServer, ServerProcess
+from bench.tier2_probes import (
+    TAG_BYTES,
+    TIER2_PREFIX,
+    WAIT_FLUSHED_S,
+    MotoLog,
+    TagCheck,
+    chunk_key_prefix,
+    chunk_objects,
+    fake_aws_environment,
+    restart,
+    tag,
+    wait_flushed,
+)
 from engine import naming
 from engine.config import load_settings
 from engine.tier2.s3 import make_client
 
 KiB = 1024
 MiB = 1024 * KiB
-TIER2_PREFIX = "seg"
 SMALL_APPEND_BYTES = 100
-TAG_BYTES = 16
 TARGET_READ_RATIO = 0.8
 FLUSH_METRIC = "segstore_tier2_flush_bytes_total"
 LAYOUT_METRIC = 'segstore_operation_latency_seconds_count{type="UpdateLayout"}'
-WAIT_FLUSHED_S = 600.0
 SETTLE_S = 2.0
 
 
@@ -105,134 +109,6 @@ class Plan:
         )
 
 
-# ------------------------------------------------------------------ S3 side
-def fake_aws_environment() -> None:
-    """Fake credentials for this process and the servers it starts; no machine AWS settings."""
-    os.environ.update(FAKE_AWS_ENV)
-    for name in UNSET_AWS_ENV:
-        os.environ.pop(name, None)
-
-
-def chunk_key_prefix(segment: str) -> str:
-    """The S3 key prefix of every chunk of ``segment`` (any segment id), per engine/naming.py."""
-    count = load_settings({}).container_count
-    sample = naming.chunk_name(naming.container_for(segment, count), segment, 0, 0, 0)
-    return f"{TIER2_PREFIX}/{sample.rsplit('/', 1)[0].removesuffix('0')}"
-
-
-def chunk_objects(s3: Any, bucket: str, segment: str) -> list[tuple[str, int]]:
-    """The segment's chunk objects as (key, size), in segment offset order; checked contiguous."""
-    found = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=chunk_key_prefix(segment)):
-        for obj in page.get("Contents", ()):
-            parts = naming.parse_chunk_name(obj["Key"].removeprefix(TIER2_PREFIX + "/"))
-            if parts is None:
-                raise RuntimeError(f"not a chunk: {obj['Key']}")
-            found.append((parts.offset, obj["Key"], int(obj["Size"])))
-    found.sort()
-    position = 0
-    for offset, key, size in found:
-        if offset != position:
-            raise RuntimeError(f"chunk {key} starts at {offset}, the one before ends at {position}")
-        position += size
-    return [(key, size) for _, key, size in found]
-
-
-# A werkzeug request line; error answers come wrapped in ANSI colour codes.
-_LOG_LINE = re.compile(r'"(?:\x1b\[[\d;]*m)*([A-Z]+) (\S+) HTTP/1\.[01](?:\x1b\[[\d;]*m)*" (\d{3})')
-
-
-class MotoLog:
-    """moto's request log: which S3 calls reached keys under a prefix since a mark."""
-
-    def __init__(self, path: Path, bucket: str) -> None:
-        self.path = path
-        self.bucket = bucket
-
-    def mark(self) -> int:
-        return self.path.stat().st_size
-
-    def calls(self, since: int, key_prefix: str) -> Counter[str]:
-        """S3 calls (GetObject, PutObject, ...) on keys starting with ``key_prefix``."""
-        with open(self.path, "rb") as log:
-            log.seek(since)
-            text = log.read().decode("utf-8", "replace")
-        wanted = f"/{self.bucket}/{key_prefix}"
-        counts: Counter[str] = Counter()
-        for match in _LOG_LINE.finditer(text):
-            method, target = match.group(1), match.group(2)
-            path, _, query = target.partition("?")
-            if path.startswith(wanted):
-                counts[_s3_call(method, query)] += 1
-        return counts
-
-
-def _s3_call(method: str, query: str) -> str:
-    """The S3 operation a request line names (as botocore sends them)."""
-    params = {p.partition("=")[0] for p in query.split("&") if p}
-    if method == "PUT":
-        return "UploadPart" if "partNumber" in params else "PutObject"
-    if method == "POST":
-        return "CreateMultipartUpload" if "uploads" in params else "CompleteMultipartUpload"
-    if method == "DELETE":
-        return "AbortMultipartUpload" if "uploadId" in params else "DeleteObject"
-    return {"GET": "GetObject", "HEAD": "HeadObject"}.get(method, method)
-
-
-# --------------------------------------------------------------- segstore side
-def segment_info(server: ServerProcess, segment: str) -> dict[str, Any]:
-    response = requests.get(f"{server.url}/v1/segments/{segment}:info", timeout=10)
-    response.raise_for_status()
-    return response.json()
-
-
-def wait_flushed(server: ServerProcess, segment: str, timeout_s: float = WAIT_FLUSHED_S) -> int:
-    """Wait until Tier 2 holds the whole segment; returns its length."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = segment_info(server, segment)
-        if info["storage_length"] == info["length"]:
-            return int(info["length"])
-        time.sleep(0.02)
-    raise RuntimeError(f"{segment}: Tier 2 did not catch up in {timeout_s} s")
-
-
-def restart(server: ServerProcess) -> None:
-    """Graceful stop, then start on the same data directory: the cache starts empty."""
-    code = server.stop()
-    if code != 0:
-        raise RuntimeError(f"segstore exited with {code}: {server.log_tail()}")
-    server.start()
-
-
-class TagCheck:
-    """The tag at the start of every 1 MiB of a byte stream fed in order."""
-
-    def __init__(self) -> None:
-        self.position = 0
-        self.tags: list[bytes] = []
-        self._partial = b""
-
-    def feed(self, data: bytes) -> None:
-        if self._partial:
-            self._partial += data[: TAG_BYTES - len(self._partial)]
-            if len(self._partial) == TAG_BYTES:
-                self.tags.append(self._partial)
-                self._partial = b""
-        end = self.position + len(data)
-        for boundary in range(-(-self.position // MiB) * MiB, end, MiB):
-            tag = data[boundary - self.position : boundary - self.position + TAG_BYTES]
-            if len(tag) == TAG_BYTES:
-                self.tags.append(tag)
-            else:
-                self._partial = tag
-        self.position = end
-
-
-def _tag(index: int) -> bytes:
-    return f"{index:0{TAG_BYTES}d}".encode()
-
-
 # ------------------------------------------------------------------- the fill
 async def _fill(port: int, segment: str, mib: int, clients: int) -> None:
     """``mib`` appends of 1 MiB, each starting with its tag, from ``clients`` connections."""
@@ -240,9 +116,9 @@ async def _fill(port: int, segment: str, mib: int, clients: int) -> None:
     target = f"/v1/segments/{segment}"
 
     async def client(first: int) -> None:
-        conn = _Connection(port)
+        conn = Connection(port)
         for index in range(first, mib, clients):
-            status, _, body = await conn.request(_request_bytes("POST", target, _tag(index) + filler))
+            status, _, body = await conn.request(request_bytes("POST", target, tag(index) + filler))
             if status != 200:
                 raise RuntimeError(f"append {index}: {status} {body[:200]!r}")
         conn.close()
@@ -267,14 +143,14 @@ class FillResult:
 def fill(plan: Plan, server: ServerProcess, moto_log: MotoLog, segment: str) -> FillResult:
     create_segment(server, segment)
     mark = moto_log.mark()
-    flushed_before = _metric_total(server, FLUSH_METRIC)
+    flushed_before = metric_total(server, FLUSH_METRIC)
     started = time.monotonic()
     asyncio.run(_fill(server.port, segment, plan.fill_mib, plan.fill_clients))
     loaded = time.monotonic()
-    flushed_at_load_end = _metric_total(server, FLUSH_METRIC)
+    flushed_at_load_end = metric_total(server, FLUSH_METRIC)
     wait_flushed(server, segment)
     drained = time.monotonic()
-    flushed_after = _metric_total(server, FLUSH_METRIC)
+    flushed_after = metric_total(server, FLUSH_METRIC)
     return FillResult(
         mib=plan.fill_mib,
         append_s=loaded - started,
@@ -303,13 +179,13 @@ class ReadRun:
 
 def _cpu_shares(pids: Sequence[int], run: Callable[[], object]) -> tuple[float, list[float], float]:
     """Run ``run``; its wall seconds, the CPU share of each process in ``pids`` and of this one."""
-    before = [_process_cpu_s(pid) for pid in pids]
+    before = [process_cpu_s(pid) for pid in pids]
     own = time.process_time()
     started = time.perf_counter()
     run()
     seconds = time.perf_counter() - started
     own = time.process_time() - own
-    shares = [(_process_cpu_s(pid) - b) / seconds for pid, b in zip(pids, before, strict=True)]
+    shares = [(process_cpu_s(pid) - b) / seconds for pid, b in zip(pids, before, strict=True)]
     return seconds, shares, own / seconds
 
 
@@ -355,7 +231,7 @@ def segstore_read(
 
     mark = moto_log.mark()
     assert moto.proc is not None
-    seconds, (worker_cpu, moto_cpu), own = _cpu_shares([_worker_pid(server), moto.proc.pid], run)
+    seconds, (worker_cpu, moto_cpu), own = _cpu_shares([worker_pid(server), moto.proc.pid], run)
     run_result = ReadRun(
         seconds=seconds,
         mib_per_s=length / MiB / seconds,
@@ -405,14 +281,14 @@ def boto3_read(
 async def _pipelined(port: int, segment: str, count: int, connections: int, depth: int) -> None:
     """``count`` 100-byte appends from ``connections`` connections, ``depth`` in flight on each.
 
-    ``_Connection.request`` writes one request and reads one answer; with
+    ``Connection.request`` writes one request and reads one answer; with
     ``depth - 1`` requests sent ahead, every call keeps ``depth`` in flight,
     and ``request(b"")`` reads the answers still owed at the end.
     """
-    request = _request_bytes("POST", f"/v1/segments/{segment}", b"s" * SMALL_APPEND_BYTES)
+    request = request_bytes("POST", f"/v1/segments/{segment}", b"s" * SMALL_APPEND_BYTES)
 
     async def one(n: int) -> None:
-        conn = _Connection(port)
+        conn = Connection(port)
         await conn.open()
         assert conn.writer is not None
         ahead = min(depth, n) - 1
@@ -472,7 +348,7 @@ def small_run(
     appends = plan.small_mib * MiB // SMALL_APPEND_BYTES
     create_segment(server, segment)
     mark = moto_log.mark()
-    layouts_before = _metric_total(server, LAYOUT_METRIC)
+    layouts_before = metric_total(server, LAYOUT_METRIC)
     started = time.monotonic()
     asyncio.run(_pipelined(server.port, segment, appends, plan.small_connections, plan.pipeline_depth))
     loaded = time.monotonic()
@@ -484,7 +360,7 @@ def small_run(
     objects_settled = _settled_count(s3, bucket, segment)
     calls = moto_log.calls(mark, chunk_key_prefix(segment))
     defrags = calls["CreateMultipartUpload"]
-    flushes = _metric_total(server, LAYOUT_METRIC) - layouts_before - defrags
+    flushes = metric_total(server, LAYOUT_METRIC) - layouts_before - defrags
     mib = length / MiB
     return SmallRun(
         mib=mib,
@@ -528,13 +404,13 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
             "SEGSTORE_CACHE_MAX_BYTES": str(plan.cache_max_bytes),
         }
         with ServerProcess(workdir / "data", env=env) as server:
-            _progress(f"filling {segment} with {plan.fill_mib} MiB of 1 MiB appends")
+            progress(f"filling {segment} with {plan.fill_mib} MiB of 1 MiB appends")
             filled = fill(plan, server, moto_log, segment)
             push_out_of_cache(plan, server, segment)
             length = plan.fill_mib * MiB
-            expected_tags = [_tag(i) for i in range(plan.fill_mib)]
+            expected_tags = [tag(i) for i in range(plan.fill_mib)]
             for r in range(plan.repeat):
-                _progress(f"run {r + 1}/{plan.repeat}: restart, then catch-up reads")
+                progress(f"run {r + 1}/{plan.repeat}: restart, then catch-up reads")
                 restart(server)
                 objects = chunk_objects(s3, bucket, segment)
                 run, seg_tags = segstore_read(server, moto, moto_log, segment, length, plan.read_bytes)
@@ -545,14 +421,14 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
                     raise RuntimeError("segstore and boto3 read different bytes")
             doc["chunk_objects"] = [size for _, size in objects]
             for r in range(plan.repeat):
-                _progress(f"run {r + 1}/{plan.repeat}: {plan.small_mib} MiB of 100-byte appends")
+                progress(f"run {r + 1}/{plan.repeat}: {plan.small_mib} MiB of 100-byte appends")
                 smalls.append(small_run(plan, server, s3, bucket, moto_log, f"small-r{r}"))
     doc["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
     doc["catch_up_read"] = {
         kind: {
             name: asdict(s)
             for name in ReadRun.__dataclass_fields__
-            if (s := _spread_of(runs, name)) is not None
+            if (s := spread_of(runs, name)) is not None
         }
         for kind, runs in reads.items()
     }
@@ -565,7 +441,7 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
     doc["small_appends"] = {
         name: asdict(s)
         for name in SmallRun.__dataclass_fields__
-        if name != "s3_calls" and (s := _spread_of(smalls, name)) is not None
+        if name != "s3_calls" and (s := spread_of(smalls, name)) is not None
     }
     doc["small_appends"]["s3_calls_per_run"] = [run.s3_calls for run in smalls]
     return doc

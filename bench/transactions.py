@@ -36,7 +36,7 @@ from typing import Any
 
 import requests
 
-from bench.appends import Spread, _metric_total, _progress, create_segment, run_in_workdir
+from bench.common import Spread, create_segment, metric_total, progress, run_in_workdir
 from bench.servers import ServerProcess
 
 KiB = 1024
@@ -113,8 +113,8 @@ def tier2_counters(client: Client) -> tuple[float, float]:
     """(bytes written to Tier 2, bytes merged by naming chunks) once the parent is all in Tier 2."""
     wait_until(lambda: client.flushed(), "the parent's flush")
     return (
-        _metric_total(client.server, "segstore_tier2_flush_bytes_total"),
-        _metric_total(client.server, "segstore_tier2_merge_bytes_total"),
+        metric_total(client.server, "segstore_tier2_flush_bytes_total"),
+        metric_total(client.server, "segstore_tier2_merge_bytes_total"),
     )
 
 
@@ -152,7 +152,7 @@ def measure(sizes: Sequence[int], repeat: int, workdir: Path) -> dict[str, Any]:
         for flushed in (True, False):
             for size in sizes:
                 mode = "flushed" if flushed else "unflushed"
-                _progress(f"{repeat} commits of {size:,} bytes, {mode}")
+                progress(f"{repeat} commits of {size:,} bytes, {mode}")
                 runs = [one_commit(client, size, flushed) for _ in range(repeat)]
                 rows.append(
                     {
