@@ -21,6 +21,7 @@ from typing import Any
 
 from engine.durable_log.object_log import REACH as TIER1_WRITES_IN_FLIGHT_MAX
 from engine.errors import InvalidArgument
+from engine.naming import validate_node_id
 
 MiB = 1024 * 1024
 
@@ -35,6 +36,11 @@ class Settings:
     tier1: str = ""
     # Tier 1 on S3: PutObjects in flight per container (local files: one write at a time).
     tier1_writes_in_flight: int = 4
+    # A cluster node (docs/cluster.md): its id (empty: a single node), the URL other nodes and
+    # clients reach it at (default: http://<bind>), and how long a container lease lasts.
+    node_id: str = ""
+    advertise_url: str = ""
+    lease_s: float = 10.0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -108,6 +114,15 @@ class Settings:
                 "setting tier1 is on S3 but tier2 is a local folder: a lost node would lose what is in "
                 "Tier 2; set tier2 to s3://bucket/prefix too"
             )
+        if self.node_id:
+            try:
+                validate_node_id(self.node_id)
+            except ValueError as exc:
+                raise InvalidArgument(f"setting node_id: {exc}") from None
+            if self.tier1_s3 is None:
+                raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
+        if self.lease_s < 1:
+            raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
             raise InvalidArgument(
@@ -126,6 +141,11 @@ class Settings:
             return host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
+
+    @property
+    def node_url(self) -> str:
+        """Where other nodes and clients reach this node."""
+        return self.advertise_url.rstrip("/") or f"http://{self.bind}"
 
     @property
     def data_path(self) -> Path:

@@ -6,7 +6,9 @@ recovers them (in parallel, in the background), ``close`` stops them cleanly.
 It opens the data folder first (``engine/data_folder.py``: its lock, and the
 store record of the container count, Tier 1 and Tier 2 it was created with).
 With Tier 1 on S3 the data folder holds nothing: the record lives in the
-bucket and each container log's fence replaces the lock.
+bucket and each container log's fence replaces the lock. As a cluster node
+(``node_id`` set) it runs only the containers whose leases it wins
+(``engine/cluster/node.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -25,9 +28,6 @@ from engine.attributes import AttributeUpdate
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.data_folder import DataFolder
-from engine.durable_log.data_log import DurableDataLog
-from engine.durable_log.file_log import FileDataLog
-from engine.durable_log.object_log import ObjectDataLog
 from engine.errors import (
     ContainerNotReady,
     InvalidArgument,
@@ -38,11 +38,13 @@ from engine.errors import (
     Throttled,
 )
 from engine.metrics import EngineMetrics, register_process_metrics
-from engine.naming import container_for, staging_name, tier1_dir, transaction_name, validate_name
+from engine.naming import container_for, staging_name, transaction_name, validate_name
 from engine.store_metrics import ContainerCollector
-from engine.tier2.chunk_storage import ChunkStorage
-from engine.tier2.local import LocalChunkStorage
+from engine.tiers import Tiers
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
+
+if TYPE_CHECKING:
+    from engine.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,13 @@ class SegmentStore:
         register_process_metrics(self.registry)
         self.metrics = EngineMetrics(self.registry)
         self.registry.register(ContainerCollector(lambda: self._containers))
-        self._storage: ChunkStorage | None = None
-        self._tier1_storage: ChunkStorage | None = None
+        self._tiers = Tiers(settings)
         self._containers: list[SegmentContainer] = list(containers) if containers else []
+        self._by_id: dict[int, SegmentContainer] = dict(enumerate(self._containers))
+        self._node: ClusterNode | None = None
         self._started = threading.Event()
         self._announcer: threading.Thread | None = None
-        self._folder = DataFolder(settings, self._tier1_objects)
+        self._folder = DataFolder(settings, self._tiers.tier1_objects)
         self._closed = False
         self._draining = False
 
@@ -73,7 +76,11 @@ class SegmentStore:
         """
         if not self._containers:
             self._folder.open()
+            if self.settings.node_id:
+                self._join_cluster()
+                return
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
+            self._by_id = dict(enumerate(self._containers))
         for container in self._containers:
             container.start()
         self._started.set()
@@ -81,6 +88,53 @@ class SegmentStore:
         self._announcer.start()
         if wait:
             self.wait_ready()
+
+    def _join_cluster(self) -> None:
+        """Run the containers this node wins leases for (engine/cluster/node.py), not all of them."""
+        from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
+
+        s = self.settings
+        assert s.tier1_s3 is not None
+        bucket, prefix = s.tier1_s3
+        self._node = ClusterNode.on_s3(
+            bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
+            container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
+        )
+        self._started.set()
+        self._node.start()
+        log.info("segstore node %s (%s) joined the cluster in %s", s.node_id, s.node_url, s.tier1)
+
+    def _host(self, container_id: int) -> None:
+        """Start serving a container this node won (its recovery fences the previous owner)."""
+        assert container_id not in self._by_id, f"container {container_id} hosted twice"
+        container = self._build_container(container_id)
+        container.start()
+        self._by_id[container_id] = container
+        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        threading.Thread(target=self._record_once_ready, args=(container,), daemon=True).start()
+
+    def _record_once_ready(self, container: SegmentContainer) -> None:
+        container.wait_started()
+        if container.ready:
+            self._folder.write_record()
+
+    def _unhost(self, container_id: int) -> None:
+        """Stop serving a container: no new requests, those in flight finish, its log closes."""
+        container = self._by_id.pop(container_id, None)
+        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        if container is not None:
+            container.close()
+
+    def container_ready(self, container_id: int) -> bool:
+        """Whether this store serves container ``container_id`` now (hosted, recovered, leased)."""
+        container = self._by_id.get(container_id)
+        held = self._node is None or self._node.holds(container_id)
+        return container is not None and container.ready and held
+
+    @property
+    def node(self) -> ClusterNode | None:
+        """This store's cluster node, or None for a single node."""
+        return self._node
 
     def _announce(self) -> None:
         """Once every container is past recovery: one line naming the store and each recovery's time."""
@@ -125,49 +179,8 @@ class SegmentStore:
         return [(c.container_id, c.state, c.state_reason) for c in self._containers]
 
     def _build_container(self, container_id: int) -> SegmentContainer:
-        s = self.settings
-        data_log: DurableDataLog
-        if s.tier1_s3 is None:
-            data_log = FileDataLog(
-                tier1_dir(s.data_path, container_id),
-                file_bytes=s.tier1_file_bytes,
-                max_frame_bytes=s.max_frame_bytes,
-            )
-        else:
-            data_log = ObjectDataLog(
-                self._tier1_objects(),
-                container_id,
-                max_frame_bytes=s.max_frame_bytes,
-                max_writes_in_flight=s.tier1_writes_in_flight,
-            )
-        return SegmentContainer(container_id, s, data_log, self._tier2(), self.metrics)
-
-    def _tier1_objects(self) -> ChunkStorage:
-        """The object store of an S3 Tier 1 (one client for every container's log)."""
-        if self._tier1_storage is None:
-            from engine.tier2.s3 import S3ChunkStorage  # see _tier2 on the late import
-
-            location = self.settings.tier1_s3
-            assert location is not None
-            bucket, prefix = location
-            endpoint = self.settings.s3_endpoint or None
-            self._tier1_storage = S3ChunkStorage(bucket, prefix, endpoint_url=endpoint)
-        return self._tier1_storage
-
-    def _tier2(self) -> ChunkStorage:
-        """The Tier 2 binding the settings name: an S3 bucket, or a local folder."""
-        if self._storage is None:
-            s3 = self.settings.tier2_s3
-            if s3 is None:
-                self._storage = LocalChunkStorage(self.settings.tier2_path)
-            else:
-                # Imported here, not at module load: gunicorn reads its config (which
-                # imports the engine) before the gevent worker patches ssl and sockets.
-                from engine.tier2.s3 import S3ChunkStorage
-
-                bucket, prefix = s3
-                self._storage = S3ChunkStorage(bucket, prefix, endpoint_url=self.settings.s3_endpoint or None)
-        return self._storage
+        data_log = self._tiers.tier1_log(container_id)
+        return SegmentContainer(container_id, self.settings, data_log, self._tiers.tier2(), self.metrics)
 
     @property
     def ready(self) -> bool:
@@ -208,6 +221,8 @@ class SegmentStore:
         if self.ready and self._announcer is not None:
             self._announcer.join(30)  # it writes the store record
         self._closed = True
+        if self._node is not None:
+            self._node.stop()
         for container in self._containers:
             container.close()
         self._folder.close()
@@ -215,9 +230,20 @@ class SegmentStore:
     # ------------------------------------------------------------------ routing
     def _container(self, name: str) -> SegmentContainer:
         validate_name(name)
-        if not self._containers:
+        if not self._started.is_set():
             raise ContainerNotReady("the store has not started")
-        return self._containers[container_for(name, len(self._containers))]
+        count = self.settings.container_count if self._node is not None else len(self._by_id)
+        container_id = container_for(name, count)
+        container = self._by_id.get(container_id)
+        if container is None or (self._node is not None and not self._node.holds(container_id)):
+            raise ContainerNotReady(self._elsewhere(container_id))
+        return container
+
+    def _elsewhere(self, container_id: int) -> str:
+        owner = self._node.view().owners.get(container_id) if self._node is not None else None
+        if owner is None:
+            return f"container {container_id} is not served by any node yet"
+        return f"container {container_id} is served by node {owner}"
 
     def container_of(self, name: str) -> int:
         """The id of the container that owns ``name``.

@@ -175,11 +175,12 @@ class Coordinator:
     def run(self, stop: threading.Event) -> None:
         """Tick every third of ``lease_s`` until ``stop`` is set; a failed round is logged and retried."""
         while not stop.is_set():
+            began = self.clock()
             try:
                 self.tick()
             except Exception:
                 log.exception("cluster round of node %s failed", self.node_id)
-            stop.wait(self.renew_every_s)
+            stop.wait(max(0.0, self.renew_every_s - (self.clock() - began)))
 
     def _give_up_expired(self) -> None:
         now = self.clock()

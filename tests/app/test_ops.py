@@ -15,6 +15,7 @@ from engine import ContainerNotReady, SegmentStore, Settings, container_state
 from engine.container import SegmentContainer
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.local import LocalChunkStorage
+from engine.tiers import Tiers
 from tests.app.helpers import assert_problem
 from tests.app.openapi_check import check_response
 from tests.engine.conftest import wait_until
@@ -35,12 +36,12 @@ def test_healthz_is_503_while_appends_are_throttled(
     """Tier 2 down: the backlog fills, appends answer 503, and so does /healthz, until Tier 2 is back."""
     made: list[FaultyChunkStorage] = []
 
-    def faulty_tier2(self: SegmentStore) -> FaultyChunkStorage:
+    def faulty_tier2(self: Tiers) -> FaultyChunkStorage:
         if not made:
             made.append(FaultyChunkStorage(LocalChunkStorage(self.settings.tier2_path)))
         return made[0]
 
-    monkeypatch.setattr(SegmentStore, "_tier2", faulty_tier2)
+    monkeypatch.setattr(Tiers, "tier2", faulty_tier2)
     app = create_app(settings.replace(tier1_backlog_max_bytes=16 * 1024))
     store: SegmentStore = app.extensions["segstore"]
     client = app.test_client()

@@ -1,0 +1,87 @@
+"""A store as a cluster node: the coordinator's rounds start and stop the store's containers.
+
+With ``node_id`` set (Tier 1 on S3), a ``SegmentStore`` builds no container
+at start: this node joins the cluster whose records live beside Tier 1 in
+the bucket (``cluster.json``, ``nodes/``, ``leases/``; docs/cluster.md) and
+runs the containers whose leases it wins. Starting one recovers it from
+Tier 1, which fences the previous owner's writer; stopping one closes it
+after what is in flight. A request for a container this node does not hold
+answers ``ContainerNotReady`` naming the owner when it is known.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engine.cluster.coordinator import ClusterView, Coordinator
+from engine.cluster.registers import Registers, S3Registers
+
+log = logging.getLogger(__name__)
+
+
+class ClusterNode:
+    """Runs a coordinator in the background for a store; ``host``/``unhost`` are the store's hooks."""
+
+    def __init__(
+        self,
+        registers: Registers,
+        *,
+        node_id: str,
+        url: str,
+        container_count: int,
+        lease_s: float,
+        host: Callable[[int], None],
+        unhost: Callable[[int], None],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._host, self._unhost = host, unhost
+        extra: dict[str, Any] = {} if clock is None else {"clock": clock}
+        self.coordinator = Coordinator(
+            registers, node_id=node_id, url=url, container_count=container_count, host=self,
+            lease_s=lease_s, **extra,
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def on_s3(cls, bucket: str, prefix: str, endpoint_url: str | None, **kwargs: Any) -> ClusterNode:
+        """A node whose cluster records live in ``bucket`` under ``prefix`` (Tier 1's)."""
+        return cls(S3Registers(bucket, prefix, endpoint_url=endpoint_url), **kwargs)
+
+    # ContainerHost
+    def start_container(self, container: int) -> None:
+        self._host(container)
+
+    def stop_container(self, container: int) -> None:
+        self._unhost(container)
+
+    @property
+    def node_id(self) -> str:
+        return self.coordinator.node_id
+
+    def view(self) -> ClusterView:
+        return self.coordinator.view()
+
+    def holds(self, container: int) -> bool:
+        return self.coordinator.holds(container)
+
+    def start(self) -> None:
+        """Join (ClusterMismatch if the cluster disagrees) and run rounds in the background."""
+        self.coordinator.join()
+        self._thread = threading.Thread(target=self.coordinator.run, args=(self._stop,),
+                                        name="cluster", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, hand_over: bool = True) -> None:
+        """Stop the rounds; hand every container over cleanly unless told not to."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if hand_over:
+            try:
+                self.coordinator.leave()
+            except Exception:
+                log.exception("node %s could not hand its containers over; their leases expire", self.node_id)
