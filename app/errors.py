@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 
-# code -> (HTTP status, title). API.md "Errors" lists the codes clients rely on.
+# code -> (HTTP status, title). docs/api.md "Errors" lists the codes clients rely on.
 STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "InvalidName": (400, "Invalid segment name"),
     "InvalidHeader": (400, "Invalid header"),

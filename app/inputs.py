@@ -47,7 +47,7 @@ def read_body(
     A declared ``Content-Length`` over the limit is refused before reading; a
     chunked body is read in pieces and refused as soon as it passes the limit.
     ``too_large`` is the error raised then (413 for appends, the only bodies
-    API.md lets be large).
+    docs/api.md "Appends" lets be large).
     """
     if content_length is not None and content_length > max_bytes:
         raise too_large(f"{what} is {content_length} bytes; the limit is {max_bytes} bytes")

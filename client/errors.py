@@ -1,4 +1,4 @@
-"""Typed exceptions, one per problem ``code`` of the HTTP contract (API.md, Errors).
+"""Typed exceptions, one per problem ``code`` of the HTTP contract (docs/api.md "Errors").
 
 ``error_from_response`` turns any non-2xx ``application/problem+json`` answer
 into the matching class; an unknown code or a body that is not a problem

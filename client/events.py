@@ -1,6 +1,6 @@
 """Framed events over segments: ``EventWriter`` batches them in, ``EventReader`` decodes them out.
 
-Byte layout (API.md, Appends): each event is a 4-byte big-endian length, then
+Byte layout (docs/api.md "Appends"): each event is a 4-byte big-endian length, then
 that many payload bytes. segstore stores bytes only; the framing is ours.
 
 ``EventWriter`` numbers events 1, 2, 3, ... per writer id (continuing after

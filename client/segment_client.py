@@ -1,4 +1,4 @@
-"""``SegmentClient``: the segstore HTTP contract (API.md) over one pooled ``requests.Session``.
+"""``SegmentClient``: the segstore HTTP contract (docs/api.md) over one pooled ``requests.Session``.
 
 Retries. A 503 (``Throttled``: back-pressure or a recovering container) means
 the server did not apply the request, so every request is retried on it,
@@ -79,7 +79,7 @@ class SegmentInfo:
 
 @dataclass(frozen=True)
 class AttributeUpdate:
-    """One attribute update (API.md, Attributes): ``type`` is replace, replace_if_greater,
+    """One attribute update (docs/api.md "Attributes"): ``type`` is replace, replace_if_greater,
     replace_if_equals, accumulate or none; ``expected`` is for replace_if_equals."""
 
     key: uuid.UUID | str

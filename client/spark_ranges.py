@@ -4,7 +4,7 @@ The Spark source (``client.spark``) plans ranges on the driver and reads each
 in a task with these functions. Rows are ``(segment, offset, value)``:
 
 - ``length_prefixed``: each event is a 4-byte big-endian length then the
-  payload (API.md, Appends). A range starts on an append boundary and the
+  payload (docs/api.md "Appends"). A range starts on an append boundary and the
   writers append whole frames, so a range holds whole frames: a frame cut
   by the end of a range is a data error. A frame cut by the end of a GET is
   completed from the next GETs and becomes a batch of its own, so the

@@ -8,8 +8,8 @@ speculative attempt's transaction is never merged: its rows never appear.
 A task that fails aborts its own transaction on the way out; one that dies
 outright leaves it to the server's ``transaction_timeout_s``.
 
-Streaming: a micro-batch is committed once. Three kinds of attributes (API.md,
-Attributes) live on the target segment under keys derived from the sink id:
+Streaming: a micro-batch is committed once. Three kinds of attributes (docs/api.md
+"Attributes") live on the target segment under keys derived from the sink id:
 ``last`` (the last committed batch id), and the commit intent: ``intent``
 (the batch being committed), ``count`` and two halves per transaction id.
 The driver's commit for batch B:
@@ -52,7 +52,7 @@ from client.segment_client import AttributeUpdate, SegmentClient
 
 HEADER_BYTES = 4
 DEFAULT_APPEND_BYTES = 4 * 1024 * 1024
-# Keys per attribute request the server takes (API.md leaves it to the server; segstore: 1024).
+# Keys per attribute request the server takes (docs/api.md "Attributes": 1024).
 MAX_ATTRIBUTE_UPDATES = 1024
 SINK_NAMESPACE = uuid.UUID("6f1d3c2e-9a4b-5c7d-8e0f-1a2b3c4d5e6f")
 

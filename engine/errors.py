@@ -1,8 +1,9 @@
 """Typed engine errors.
 
-Every error the engine raises on purpose is a ``SegstoreError`` subclass with a
-stable ``code`` (the problem ``code`` of API.md). The HTTP layer maps each code
-to one status in one table; nothing here knows about HTTP.
+Every error the engine raises on purpose is a ``SegstoreError`` subclass with
+a stable ``code`` (the problem ``code`` of docs/api.md "Errors"). The HTTP
+layer maps each code to one status in one table; nothing here knows about
+HTTP.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def _rfc3339(unix_s: float) -> str:
 
 
 def info_json(info: SegmentInfo) -> dict[str, Any]:
-    """The JSON info of API.md "Segments" (times as RFC 3339 UTC)."""
+    """The JSON info of docs/api.md "Segments" (times as RFC 3339 UTC)."""
     return {
         "name": info.name,
         "length": info.length,

@@ -1,4 +1,4 @@
-"""Live tail of a segment as Server-Sent Events (API.md "Reads", live stream).
+"""Live tail of a segment as Server-Sent Events (docs/api.md "Reads", live stream).
 
 Each read's bytes become one ``event: data`` whose ``id`` is the next offset
 (so ``Last-Event-ID`` resumes exactly) and whose ``data`` is the base64 of the

@@ -1,4 +1,4 @@
-"""Check HTTP responses against ``openapi.yaml``, the written form of API.md.
+"""Check HTTP responses against ``openapi.yaml``, the contract that docs/api.md says in prose.
 
 ``check_response`` takes a Flask/werkzeug test-client response (it knows its
 ``request``), finds the documented operation for the concrete path, and lets
