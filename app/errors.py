@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 
 from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -22,8 +23,19 @@ from engine import InvalidArgument, SegmentInfo, SegstoreError, Throttled
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
+# werkzeug's errors whose status has a code of its own.
+_CODE_BY_HTTP_STATUS = {
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    413: "PayloadTooLarge",
+}
+# What werkzeug's routing serves beside a rule's own methods (HEAD for GET, and
+# OPTIONS): a 405 from routing does not advertise them in ``Allow``.
+_IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})
 
-# code -> (HTTP status, title). docs/api.md "Errors" lists the codes clients rely on.
+# code -> (HTTP status, title): every code an answer can carry, and nothing else. docs/api.md
+# "Errors" explains them and openapi.yaml's ProblemCode lists them (tests/app/test_problem_codes.py).
 STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "InvalidName": (400, "Invalid segment name"),
     "InvalidHeader": (400, "Invalid header"),
@@ -45,6 +57,12 @@ STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "StorageFull": (507, "Storage full"),
     "DataCorrupted": (500, "Data corrupted"),
     "Internal": (500, "Internal error"),
+    # Durable Streams (app/streams.py): the protocol's own answers.
+    "ProducerEpochStale": (403, "Producer epoch stale"),
+    "StreamConflict": (409, "Stream conflict"),
+    "StreamClosed": (409, "Stream closed"),
+    "ProducerSequenceGap": (409, "Producer sequence gap"),
+    "StreamGone": (410, "Stream gone"),
 }
 
 
@@ -74,19 +92,13 @@ def segment_headers(info: SegmentInfo) -> dict[str, str]:
     }
 
 
-def problem(
-    code: str, detail: str, *, headers: dict[str, str] | None = None, status: int | None = None
-) -> Response:
+def problem(code: str, detail: str, *, headers: dict[str, str] | None = None) -> Response:
     """Render one problem+json response for ``code``: status and title from the table.
 
-    A code outside the table (a rare werkzeug error) needs ``status``; its
-    title is then the HTTP reason phrase.
+    A code outside the table is a bug here (a client's SDK would not know
+    it): ``KeyError``, which ends as a logged 500 ``Internal``.
     """
-    if code in STATUS_BY_CODE:
-        status, title = STATUS_BY_CODE[code]
-    else:
-        status = status or 500
-        title = HTTP_STATUS_CODES.get(status, "Error")
+    status, title = STATUS_BY_CODE[code]
     body = {
         "type": f"urn:segstore:problem:{code}",
         "title": title,
@@ -102,7 +114,8 @@ def problem(
 def render_segstore_error(err: SegstoreError) -> Response:
     """Map an engine (or HTTP-layer) error to its status, with segment and retry headers."""
     headers: dict[str, str] = {}
-    status = STATUS_BY_CODE.get(err.code, STATUS_BY_CODE["Internal"])[0]
+    code = err.code if err.code in STATUS_BY_CODE else "Internal"
+    status = STATUS_BY_CODE[code][0]
     if err.segment is not None:
         headers.update(segment_headers(err.segment))
         if status == 416:
@@ -111,27 +124,33 @@ def render_segstore_error(err: SegstoreError) -> Response:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(err, Throttled):
         headers["Retry-After"] = str(max(0, math.ceil(err.retry_after_s)))
-    if status >= 500 and err.code not in ("Throttled", "StoreLocked", "StorageFull"):
+    if status >= 500 and code not in ("Throttled", "StoreLocked", "StorageFull"):
         log.error("%s: %s", err.code, err.detail)
-    return problem(err.code, err.detail, headers=headers)
+    return problem(code, err.detail, headers=headers)
+
+
+def method_not_allowed(allowed: Iterable[str]) -> Response:
+    """405 ``MethodNotAllowed`` with ``Allow`` naming ``allowed``: the methods openapi.yaml has for the path."""
+    allow = ", ".join(sorted(allowed))
+    detail = f"{request.method} is not allowed on {request.path}; allowed: {allow}"
+    return problem("MethodNotAllowed", detail, headers={"Allow": allow})
 
 
 def render_http_exception(err: HTTPException) -> Response:
-    """Routing and protocol errors from werkzeug (404, 405, ...) as problems."""
+    """Routing and protocol errors from werkzeug (404, 405, ...) as problems.
+
+    Each becomes a code of the table: the one of its status where there is
+    one (``_CODE_BY_HTTP_STATUS``), else 400 ``InvalidArgument`` for a
+    client error and 500 ``Internal`` for a server error.
+    """
     status = err.code or 500
-    headers = {k: v for k, v in err.get_headers() if k.lower() == "allow"}
-    if isinstance(err, NotFound):
-        detail = err.description
-        if detail == NotFound.description:
-            detail = f"no resource at {request.path}"
-        return problem("NotFound", detail)
     if isinstance(err, MethodNotAllowed):
-        allowed = ", ".join(err.valid_methods or [])
-        detail = f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
-        return problem("MethodNotAllowed", detail, headers=headers)
-    phrase = HTTP_STATUS_CODES.get(status, "Error")
-    code = "InvalidArgument" if status == 400 else "".join(phrase.title().split())
-    return problem(code, err.description or phrase, status=status)
+        return method_not_allowed(m for m in err.valid_methods or () if m not in _IMPLICIT_METHODS)
+    detail = err.description or HTTP_STATUS_CODES.get(status, "Error")
+    if isinstance(err, NotFound) and detail == NotFound.description:
+        detail = f"no resource at {request.path}"
+    code = _CODE_BY_HTTP_STATUS.get(status, "InvalidArgument" if status < 500 else "Internal")
+    return problem(code, detail)
 
 
 def render_unexpected(err: Exception) -> Response:

@@ -21,11 +21,12 @@ from typing import Any
 from urllib.parse import quote
 
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
-from werkzeug.exceptions import MethodNotAllowed, NotFound
-from werkzeug.routing import BaseConverter
+from flask.blueprints import BlueprintSetupState
+from werkzeug.exceptions import NotFound
+from werkzeug.routing import BaseConverter, Rule
 
 from app import auth, ops
-from app.errors import segment_headers
+from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
 from app.native import params
 from app.native.sse import event_stream_response, wants_event_stream
@@ -411,24 +412,19 @@ def _custom_route(verb: str, rest: str) -> tuple[str, dict[str, Handler], list[s
     raise NotFound(f"the custom method is written {written}")
 
 
-def _allowed(handlers: dict[str, Handler]) -> list[str]:
-    methods = set(handlers)
-    if "GET" in methods:
-        methods.add("HEAD")
-    return sorted(methods)
-
-
-@bp.route(
-    "/v1/segments/<segment_path:target>",
-    methods=["GET", "HEAD", "POST", "PUT", "DELETE"],
-    merge_slashes=False,
-)
 def segment(target: str) -> Response:
-    """Dispatch ``{name}`` or ``{name}:{method}[/{id}[/...]]`` to its handler."""
+    """Dispatch ``{name}`` or ``{name}:{method}[/{id}[/...]]`` to its handler.
+
+    A method the path does not serve is a 405 whose ``Allow`` names the
+    methods openapi.yaml documents for it (a GET form answers HEAD too,
+    without saying so).
+    """
     ops.set_route(_ROUTE)
     name, colon, custom = target.partition(":")
     validate_segment_name(name)
     if not colon:
+        if request.method not in _PLAIN:
+            return method_not_allowed(_PLAIN)
         return _PLAIN[request.method](name)
     verb = custom.partition("/")[0]
     if verb not in _CUSTOM:
@@ -437,8 +433,23 @@ def segment(target: str) -> Response:
     ops.set_route(f"{_ROUTE}:{verb}{form}")
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method
     if method not in handlers:
-        raise MethodNotAllowed(valid_methods=_allowed(handlers))
+        return method_not_allowed(handlers)
     return handlers[method](name, *args)
+
+
+def _add_segment_rule(state: BlueprintSetupState) -> None:
+    """The one rule under ``/v1/segments/``, for every method (``methods=None``).
+
+    Flask's routing would answer a method the rule does not list with a 405
+    naming the rule's methods, which are not those of a custom method's
+    path; so ``segment`` judges every method itself.
+    """
+    rule = Rule("/v1/segments/<segment_path:target>", endpoint="segments.segment", merge_slashes=False)
+    state.app.url_map.add(rule)
+    state.app.view_functions[rule.endpoint] = segment
+
+
+bp.record_once(_add_segment_rule)
 
 
 @bp.get("/v1/segments")

@@ -34,21 +34,19 @@ bp = Blueprint("streams", __name__)
 
 _OFFSET_PARAM = re.compile(r"^(-1|now|\d+_\d+)$")
 _FORK_OFFSET = re.compile(r"^\d+_\d+$")
-_DECIMAL = re.compile(r"^(0|[1-9]\d*)$")
-_DIGITS = re.compile(r"^\d+$")
+# Numbers of the protocol's headers are JavaScript's safe integers (at most 2^53 - 1, 16 digits).
+_MAX_SAFE_INTEGER = 2**53 - 1
+_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,15})$")
+_DIGITS = re.compile(r"^[0-9]{1,16}$")
 _MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
 # Reads below the tail never change; a tail read does on the next append.
 _CACHE_IMMUTABLE = "public, max-age=60, stale-while-revalidate=300"
 
-_STATUS_BY_CODE = {
-    "SegmentNotFound": 404,
-    "StreamGone": 410,
-    "StreamConflict": 409,
-    "StreamClosed": 409,
-    "InvalidArgument": 400,
-    "InvalidName": 400,
-    "InvalidHeader": 400,
-}
+# Errors answered without segment headers (the stream's segments are not the client's).
+_PROTOCOL_CODES = frozenset(
+    {"SegmentNotFound", "StreamGone", "StreamConflict", "StreamClosed"}
+    | {"InvalidArgument", "InvalidName", "InvalidHeader"}
+)
 
 
 class StreamPathConverter(BaseConverter):
@@ -88,13 +86,12 @@ def _protocol_headers(response: Response) -> Response:
 @bp.errorhandler(SegstoreError)
 def _render_error(err: SegstoreError) -> Response:
     """Engine errors with the protocol's status codes (409 closed carries the tail offset)."""
-    status = _STATUS_BY_CODE.get(err.code)
-    if status is None:
+    if err.code not in _PROTOCOL_CODES:
         return render_segstore_error(err)
     headers = {}
     if isinstance(err, StreamClosed):
         headers = {"Stream-Closed": "true", "Stream-Next-Offset": err.next_offset}
-    return problem(err.code, err.detail, headers=headers, status=status)
+    return problem(err.code, err.detail, headers=headers)
 
 
 @bp.route(
@@ -148,8 +145,8 @@ def create(name: str) -> Response:
     expires_at = _header("Stream-Expires-At")
     if ttl is not None and expires_at is not None:
         raise _bad("Stream-TTL and Stream-Expires-At exclude each other")
-    if ttl is not None and not _DECIMAL.match(ttl):
-        raise _bad(f"Stream-TTL must be a decimal number of seconds, got {ttl!r}")
+    if ttl is not None and not (_DECIMAL.match(ttl) and int(ttl) <= _MAX_SAFE_INTEGER):
+        raise _bad(f"Stream-TTL must be a whole number of seconds from 0 to {_MAX_SAFE_INTEGER}, got {ttl!r}")
     if expires_at is not None:
         validate_expires_at(expires_at)
     fork_offset = _header("Stream-Fork-Offset")
@@ -160,8 +157,8 @@ def create(name: str) -> Response:
     if sub_offset_text is not None:
         if forked_from is None:
             raise _bad("Stream-Fork-Sub-Offset needs Stream-Forked-From")
-        if not _DECIMAL.match(sub_offset_text):
-            raise _bad(f"Stream-Fork-Sub-Offset {sub_offset_text!r} is not a non-negative integer")
+        if not (_DECIMAL.match(sub_offset_text) and int(sub_offset_text) <= _MAX_SAFE_INTEGER):
+            raise _bad(f"Stream-Fork-Sub-Offset must be an integer from 0 to {_MAX_SAFE_INTEGER}")
         sub_offset = int(sub_offset_text)
     body = inputs.read_body(
         request.stream,
@@ -337,7 +334,6 @@ def append(name: str) -> Response:
             "ProducerEpochStale",
             f"producer epoch {producer.epoch} is older than {outcome.current_epoch}",
             headers={"Producer-Epoch": str(outcome.current_epoch)},
-            status=403,
         )
     if outcome.status == "invalid_epoch_seq":
         raise _bad("a new producer epoch starts at Producer-Seq 0")
@@ -348,7 +344,6 @@ def append(name: str) -> Response:
             "Producer-Expected-Seq": str(outcome.expected_seq),
             "Producer-Received-Seq": str(producer.seq),
         },
-        status=409,
     )
 
 
