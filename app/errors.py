@@ -130,7 +130,7 @@ def render_segstore_error(err: SegstoreError) -> Response:
 
 
 def method_not_allowed(allowed: Iterable[str]) -> Response:
-    """405 ``MethodNotAllowed`` with ``Allow`` naming ``allowed``: the methods openapi.yaml has for the path."""
+    """405 ``MethodNotAllowed`` whose ``Allow`` names ``allowed``: the path's methods in openapi.yaml."""
     allow = ", ".join(sorted(allowed))
     detail = f"{request.method} is not allowed on {request.path}; allowed: {allow}"
     return problem("MethodNotAllowed", detail, headers={"Allow": allow})

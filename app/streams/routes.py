@@ -138,6 +138,8 @@ def preflight(name: str) -> Response:
 def create(name: str) -> Response:
     """PUT: create (201 with Location), confirm (200), or 409 for another configuration."""
     forked_from = _header("Stream-Forked-From")
+    if forked_from is not None and not forked_from.strip(" \t"):
+        raise _bad("Stream-Forked-From must name the stream to fork")
     content_type = _header("Content-Type")
     if not content_type or not _MEDIA_TYPE.match(content_type.strip()):
         content_type = None  # the default, or for a fork the source's
@@ -224,6 +226,8 @@ def read(name: str) -> Response:
     """GET: catch-up read, ``offset=now``, ``live=long-poll`` or ``live=sse``."""
     offset = _offset_param()
     live = request.args.get("live")
+    if live not in (None, "long-poll", "sse"):
+        raise _bad(f"live must be long-poll or sse, got {live!r}")
     cursor = request.args.get("cursor")
     if live in ("long-poll", "sse") and offset is None:
         raise _bad(f"live={live} needs an offset parameter")

@@ -16,7 +16,6 @@ from app.errors import STATUS_BY_CODE, problem, render_http_exception, render_se
 from engine import SegstoreError
 from tests.app.openapi_check import spec
 
-
 # The werkzeug errors whose status has a code of its own; the rest are InvalidArgument or Internal.
 _OWN_CODES = {
     401: "Unauthorized",
@@ -71,7 +70,9 @@ def test_an_error_with_a_code_outside_the_table_is_an_internal_error() -> None:
     sorted(werkzeug.exceptions.default_exceptions.values(), key=lambda cls: cls.code or 0),
     ids=lambda cls: cls.__name__,
 )
-def test_every_werkzeug_error_becomes_a_code_of_the_table(error: type[werkzeug.exceptions.HTTPException]) -> None:
+def test_every_werkzeug_error_becomes_a_code_of_the_table(
+    error: type[werkzeug.exceptions.HTTPException],
+) -> None:
     with Flask(__name__).test_request_context("/v1/segments/a", method="PATCH"):
         if error is werkzeug.exceptions.MethodNotAllowed:
             raised = error(valid_methods=["GET", "HEAD", "OPTIONS", "POST"])

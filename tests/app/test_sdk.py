@@ -8,6 +8,7 @@ that generation needs nothing but the generator itself.
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import uuid
@@ -68,6 +69,10 @@ def sdk_modules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 "api.transactions.commit_transaction",
                 "api.transactions.abort_transaction",
                 "api.transactions.merge_segment",
+                "api.streams.create_stream",
+                "api.streams.append_stream",
+                "api.streams.head_stream",
+                "api.streams.read_stream",
             ]
         }
     finally:
@@ -171,3 +176,60 @@ def test_generated_sdk_commits_aborts_and_merges(
         assert (merged.offset, merged.length) == (4, 8)
         read = sdk["read_segment"].sync(NAME, client=client)
         assert read.payload.read() == b"keptmore"
+
+
+@pytest.mark.slow
+def test_generated_sdk_creates_a_json_stream_and_appends_json(
+    sdk_modules: dict[str, ModuleType], server: ServerProcess
+) -> None:
+    sdk = sdk_modules
+    models = sdk["models"]
+    stream = "chat/room1"
+    with sdk["client"].Client(base_url=server.url, raise_on_unexpected_status=True) as client:
+
+        def append(body: object, **headers: object) -> object:
+            return sdk["append_stream"].sync_detailed(stream, client=client, body=body, **headers)
+
+        created = sdk["create_stream"].sync_detailed(
+            stream, client=client, body=[{"from": "ann", "text": "hi"}], stream_ttl=3600
+        )
+        assert created.status_code == 201
+        assert created.headers["Content-Type"] == "application/json"
+        assert created.headers["Location"].endswith("/v1/stream/chat/room1")
+        again = sdk["create_stream"].sync_detailed(stream, client=client, stream_ttl=3600)
+        assert again.status_code == 200
+        assert again.headers["Stream-Next-Offset"] == created.headers["Stream-Next-Offset"]
+
+        bob = {"producer_id": "bob", "producer_epoch": 0, "producer_seq": 0}
+        produced = append({"from": "bob", "text": "hello"}, **bob)
+        assert produced.status_code == 200
+        assert (produced.headers["Producer-Epoch"], produced.headers["Producer-Seq"]) == ("0", "0")
+        duplicate = append({"from": "bob", "text": "hello"}, **bob)
+        assert duplicate.status_code == 204
+        batch = append([1, "two", None], stream_seq="0001")
+        assert batch.status_code == 204
+        tail = batch.headers["Stream-Next-Offset"]
+
+        head = sdk["head_stream"].sync_detailed(stream, client=client)
+        assert (head.status_code, head.headers["Stream-Next-Offset"]) == (200, tail)
+        assert head.headers["Stream-TTL"] == "3600"
+        read = sdk["read_stream"].sync_detailed(stream, client=client, offset="-1")
+        assert read.status_code == 200
+        assert json.loads(read.content) == [
+            {"from": "ann", "text": "hi"},
+            {"from": "bob", "text": "hello"},
+            1,
+            "two",
+            None,
+        ]
+        assert (read.headers["Stream-Next-Offset"], read.headers["Stream-Up-To-Date"]) == (tail, "true")
+
+        closed = sdk["append_stream"].sync_detailed(stream, client=client, stream_closed="true")
+        assert (closed.status_code, closed.headers["Stream-Closed"]) == (204, "true")
+        late = append({"from": "cy", "text": "too late"})
+        assert late.status_code == 409
+        assert isinstance(late.parsed, models.Problem)
+        assert late.parsed.code == models.ProblemCode.STREAMCLOSED
+        missing = sdk["read_stream"].sync_detailed("chat/nowhere", client=client, offset="-1")
+        assert isinstance(missing.parsed, models.Problem)
+        assert missing.parsed.code == models.ProblemCode.SEGMENTNOTFOUND
