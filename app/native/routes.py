@@ -452,7 +452,7 @@ def _add_segment_rule(state: BlueprintSetupState) -> None:
 bp.record_once(_add_segment_rule)
 
 
-@bp.get("/v1/segments")
+@bp.get("/v1/segments", provide_automatic_options=False)
 def list_segments() -> Response:
     """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
     ops.set_route("/v1/segments")

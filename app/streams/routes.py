@@ -38,6 +38,11 @@ _FORK_OFFSET = re.compile(r"^\d+_\d+$")
 _MAX_SAFE_INTEGER = 2**53 - 1
 _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,15})$")
 _DIGITS = re.compile(r"^[0-9]{1,16}$")
+# RFC 3339 date-times, as the protocol's clients send them (``Date.toISOString()``).
+_DATE_TIME = re.compile(
+    r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+)
 _MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
 # Reads below the tail never change; a tail read does on the next append.
 _CACHE_IMMUTABLE = "public, max-age=60, stale-while-revalidate=300"
@@ -150,6 +155,8 @@ def create(name: str) -> Response:
     if ttl is not None and not (_DECIMAL.match(ttl) and int(ttl) <= _MAX_SAFE_INTEGER):
         raise _bad(f"Stream-TTL must be a whole number of seconds from 0 to {_MAX_SAFE_INTEGER}, got {ttl!r}")
     if expires_at is not None:
+        if not _DATE_TIME.match(expires_at):
+            raise _bad(f"Stream-Expires-At must be an RFC 3339 date-time, got {expires_at!r}")
         validate_expires_at(expires_at)
     fork_offset = _header("Stream-Fork-Offset")
     if fork_offset is not None and not _FORK_OFFSET.match(fork_offset):

@@ -12,7 +12,9 @@ operations' descriptions and docs/api.md say:
   true``);
 - a stream create takes ``Stream-TTL`` or ``Stream-Expires-At``, not both, and
   ``Stream-Fork-Sub-Offset`` only with ``Stream-Forked-From``;
-- an attribute update names each key once.
+- an attribute update names each key once;
+- ``Stream-Expires-At`` is a day the calendar has (its pattern lets
+  February 30 and the year 0 through).
 
 By the schema such a request is valid in each part, so schemathesis would
 expect it accepted; it is neither valid nor invalid as a whole, and is left
@@ -35,6 +37,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 import schemathesis
@@ -88,7 +91,22 @@ def _create_stream(case: Any) -> bool:
     lone_sub_offset = _given(case.headers, "Stream-Fork-Sub-Offset") and not _given(
         case.headers, "Stream-Forked-From"
     )
-    return not both_expiries and not lone_sub_offset
+    real_instant = _real_instant(_value(case.headers, "Stream-Expires-At"))
+    return not both_expiries and not lone_sub_offset and real_instant
+
+
+def _value(mapping: Mapping[str, Any] | None, name: str) -> Any:
+    return next((value for key, value in (mapping or {}).items() if key.lower() == name.lower()), None)
+
+
+def _real_instant(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _update_attributes(case: Any) -> bool:

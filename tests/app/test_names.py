@@ -125,11 +125,14 @@ def test_unknown_custom_methods_are_404(raw_client: FlaskClient, segment: str, s
 @pytest.mark.parametrize(
     ("method", "suffix", "allow"),
     [
-        ("POST", ":info", "GET, HEAD"),
-        ("DELETE", ":info", "GET, HEAD"),
+        ("POST", ":info", "GET"),
+        ("DELETE", ":info", "GET"),
         ("GET", ":seal", "POST"),
         ("PUT", ":truncate", "POST"),
-        ("POST", ":writers/0f8fad5b-d9cb-469f-a165-70867728950e", "GET, HEAD"),
+        ("POST", ":writers/0f8fad5b-d9cb-469f-a165-70867728950e", "GET"),
+        ("PATCH", ":seal", "POST"),
+        ("OPTIONS", ":transactions", "POST"),
+        ("PATCH", "", "DELETE, GET, HEAD, POST, PUT"),
     ],
 )
 def test_a_known_method_with_the_wrong_verb_is_405(

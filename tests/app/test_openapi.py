@@ -114,6 +114,28 @@ def test_every_documented_path_is_reached_by_an_app_route(app: Flask) -> None:
     assert reached == set(spec()["paths"])
 
 
+# A method the contract does not have for a path answers 405, and Allow names the path's methods.
+OTHER_METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS", "TRACE", "QUERY")
+
+
+def test_a_method_outside_the_contract_is_405_allowing_the_documented_ones(api: FlaskClient) -> None:
+    assert api.put(URL).status_code == 201
+    checked_paths = 0
+    for template in spec()["paths"]:
+        if not template.startswith("/v1/"):
+            continue  # /healthz, /readyz and /metrics answer OPTIONS as Flask does
+        documented = {m for m, t in spec_operations() if t == template}
+        for method in sorted(set(OTHER_METHODS) - documented):
+            response = api.open(_example(template), method=method)
+            assert response.status_code == 405, (method, template)
+            assert response.get_json()["code"] == "MethodNotAllowed"
+            allowed = set(response.headers["Allow"].split(", "))
+            assert allowed <= documented, (method, template, allowed)
+            assert documented - {"HEAD", "OPTIONS"} <= allowed, (method, template, allowed)
+        checked_paths += 1
+    assert checked_paths == len([t for t in spec()["paths"] if t.startswith("/v1/")])
+
+
 # ------------------------------------------------------ a scripted exercise
 def test_segment_lifecycle_answers_as_documented(api: FlaskClient) -> None:
     created = checked(api.put(URL))
