@@ -1,6 +1,6 @@
 """Every name the engine gives or accepts: segment names, containers, files, keys.
 
-- User segment names follow API.md "Names"; ``validate_segment_name`` is the
+- User segment names follow docs/api.md "Names"; ``validate_segment_name`` is the
   check, ``validate_name`` the engine's (user names and reserved names).
 - ``container_for`` maps a name to a container with a stable hash (BLAKE2b),
   never Python's salted ``hash()``.

@@ -1,7 +1,8 @@
 """Every document the code, openapi.yaml and the docs cite is in the repository, and so is its section.
 
 A citation names a Markdown file by its path from the repository root
-(``docs/api.md``, ``README.md``), optionally followed by a section title in
+(``docs/api.md``, ``README.md``) or from the citing file's folder (in
+docs/, ``tier1-on-s3.md``), optionally followed by a section title in
 double quotes (``docs/api.md "Errors"``), which must be one of that file's
 headings. The docs and openapi.yaml also name source files
 (``engine/naming.py``); those must exist too.
@@ -58,7 +59,9 @@ def _citing_files() -> list[Path]:
 def test_every_cited_document_and_section_exists(path: Path) -> None:
     missing = []
     for cited, section in citations(path.read_text(encoding="utf-8")):
-        target = ROOT / cited
+        # From the repository root, or (as Markdown links go) from the citing file's folder.
+        found = [base / cited for base in (ROOT, path.parent) if (base / cited).is_file()]
+        target = found[0] if found else ROOT / cited
         if not target.is_file():
             missing.append(f"{cited}: no such file in the repository")
         elif section is not None and section not in headings(target.read_text(encoding="utf-8")):
@@ -70,7 +73,8 @@ def test_every_cited_document_and_section_exists(path: Path) -> None:
 def test_every_source_file_the_prose_names_exists(path: Path) -> None:
     text = _URL.sub("", path.read_text(encoding="utf-8"))
     named = {m.group(1) for m in _REPO_PATH.finditer(text)}
-    missing = sorted(n for n in named if not (ROOT / n).exists())
+    # A module may be named without its ".py" (``app/auth``).
+    missing = sorted(n for n in named if not ((ROOT / n).exists() or (ROOT / f"{n}.py").exists()))
     assert not missing, f"{path.relative_to(ROOT)} names files the repository does not have: {missing}"
 
 
