@@ -1,6 +1,6 @@
 """``schemathesis run openapi.yaml --checks all`` against a real server reports nothing.
 
-The server is gunicorn as ``make run`` starts it (tests/serverproc.py). The
+The server is gunicorn as ``make run`` starts it (bench/servers.py). The
 run's settings are schemathesis.toml at the repository root, which a plain
 ``schemathesis run openapi.yaml --url http://127.0.0.1:8080`` reads too: a
 fixed seed and number of examples, so a run is reproducible and takes a few
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serverproc import ROOT, ServerProcess
+from bench.servers import ROOT, ServerProcess
 
 RUN_TIMEOUT_S = 540
 
