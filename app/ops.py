@@ -181,6 +181,27 @@ def readyz() -> Response:
     return jsonify({"status": "ready"})
 
 
+@bp.get("/v1/cluster", provide_automatic_options=False)
+def cluster() -> Response:
+    """This node's view of the cluster: nodes and their URLs, and the node serving each container.
+
+    A single node (no ``node_id``) answers with ``node`` null, no nodes, and no owners.
+    """
+    store = _store()
+    count = store.settings.container_count
+    node = store.node
+    if node is None:
+        return jsonify({"node": None, "container_count": count, "nodes": [],
+                        "containers": [{"id": c, "owner": None} for c in range(count)]})
+    view = node.view()
+    return jsonify({
+        "node": node.node_id,
+        "container_count": count,
+        "nodes": [{"id": n, "url": url} for n, url in sorted(view.nodes.items())],
+        "containers": [{"id": c, "owner": view.owners.get(c)} for c in range(count)],
+    })
+
+
 @bp.get("/metrics")
 def metrics() -> Response:
     """Prometheus text format: engine and HTTP metrics."""

@@ -245,3 +245,15 @@ def test_open_tails_and_event_streams_are_gauges(app: Flask, store: SegmentStore
     store.append("scope/stream/0", b"wake")
     waiting.join(5)
     assert value("segstore_tail_waits") == 0
+
+
+def test_a_single_node_has_no_cluster_map_but_says_how_many_containers(client: FlaskClient) -> None:
+    answer = client.get("/v1/cluster")
+    assert answer.status_code == 200
+    count = answer.json["container_count"]
+    assert answer.json == {
+        "node": None,
+        "container_count": count,
+        "nodes": [],
+        "containers": [{"id": c, "owner": None} for c in range(count)],
+    }

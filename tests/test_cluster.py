@@ -1,0 +1,150 @@
+"""A cluster of real servers on moto: containers split by lease, and a node's loss (SIGKILL) loses nothing.
+
+Two nodes share a bucket. A client appends with ``Expected-Offset`` to
+segments spread over every container, sending each append to the node that
+``GET /v1/cluster`` names for the segment's container and refreshing that
+map on a refusal or a dead connection. One node is killed mid-load: its
+containers move to the other within the lease plus recovery, and every
+acknowledged append is there exactly once at its offset.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.servers import FAKE_AWS_ENV, ServerProcess, free_port
+from engine.naming import container_for
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 3
+CONTAINERS = 4
+TIMEOUT_S = 10
+
+
+def node_env(node: str, port: int, endpoint: str, bucket: str) -> dict[str, str]:
+    return {
+        **FAKE_AWS_ENV,
+        "SEGSTORE_LOG_LEVEL": "warning",
+        "SEGSTORE_TIER1": f"s3://{bucket}/tier1",
+        "SEGSTORE_TIER2": f"s3://{bucket}/tier2",
+        "SEGSTORE_S3_ENDPOINT": endpoint,
+        "SEGSTORE_NODE_ID": node,
+        "SEGSTORE_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+        "SEGSTORE_LEASE_S": str(LEASE_S),
+        "SEGSTORE_CONTAINER_COUNT": str(CONTAINERS),
+        "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
+    }
+
+
+def cluster_map(url: str) -> dict:
+    return requests.get(f"{url}/v1/cluster", timeout=TIMEOUT_S).json()
+
+
+class Client:
+    """Sends each segment's requests to the node serving its container; refreshes the map on a miss."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.owner_url: dict[int, str] = {}
+        self.http = requests.Session()
+
+    def refresh(self) -> None:
+        for url in self.urls:
+            try:
+                doc = cluster_map(url)
+            except requests.RequestException:
+                continue
+            nodes = {n["id"]: n["url"] for n in doc["nodes"]}
+            self.owner_url = {c["id"]: nodes[c["owner"]] for c in doc["containers"] if c["owner"] in nodes}
+            return
+
+    def send(self, method: str, name: str, deadline_s: float = 30.0, **kwargs: object) -> requests.Response:
+        container = container_for(name, CONTAINERS)
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            url = self.owner_url.get(container)
+            if url is not None:
+                try:
+                    target = f"{url}/v1/segments/{name}"
+                    response = self.http.request(method, target, timeout=TIMEOUT_S, **kwargs)
+                except requests.ConnectionError:
+                    response = None
+                if response is not None and response.status_code != 503:
+                    return response
+            time.sleep(0.1)
+            self.refresh()
+        raise AssertionError(f"no node served {name} within {deadline_s} s")
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def owners(url: str) -> list[str | None]:
+    return [c["owner"] for c in cluster_map(url)["containers"]]
+
+
+def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    ports = {"a": free_port(), "b": free_port()}
+    servers = {
+        node: ServerProcess(tmp_path / node, port=port, env=node_env(node, port, moto_endpoint, s3_bucket))
+        for node, port in ports.items()
+    }
+    try:
+        for server in servers.values():
+            server.start()
+        a, b = servers["a"].url, servers["b"].url
+        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        assert cluster_map(b)["node"] == "b" and {n["id"] for n in cluster_map(b)["nodes"]} == {"a", "b"}
+
+        client = Client([a, b])
+        client.refresh()
+        names = [f"seg-{i}-{uuid.uuid4().hex[:4]}" for i in range(12)]
+        assert {container_for(n, CONTAINERS) for n in names} == set(range(CONTAINERS))
+        acked: dict[str, bytes] = {}
+        for name in names:
+            assert client.send("PUT", name).status_code == 201
+            acked[name] = b""
+
+        def append_round(tag: str) -> None:
+            for name in names:
+                data = f"{name}/{tag};".encode()
+                offset = len(acked[name])
+                response = client.send("POST", name, data=data, headers={"Expected-Offset": str(offset)})
+                if response.status_code == 412:  # the node died after storing it, before answering
+                    stored = client.send("GET", name, params={"offset": offset}).content
+                    assert stored == data, (name, offset, stored)
+                else:
+                    assert response.status_code == 200, response.text
+                    assert response.json()["offset"] == offset
+                acked[name] += data
+
+        for round_ in range(3):
+            append_round(f"before-{round_}")
+        killed_at = time.monotonic()
+        servers["a"].kill()
+        append_round("during")  # waits out the lease and recovery for a's containers
+        failover_s = time.monotonic() - killed_at
+        for round_ in range(2):
+            append_round(f"after-{round_}")
+        assert owners(b) == ["b"] * CONTAINERS
+        assert failover_s < LEASE_S + 20, failover_s
+        for name, data in acked.items():
+            assert client.send("GET", name, params={"offset": 0}).content == data, name
+    finally:
+        for server in servers.values():
+            server.kill()
