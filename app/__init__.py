@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, inputs, native, ops, s3, streams
+from app import auth, chunked_body, errors, forwarding, inputs, native, ops, s3, streams
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -36,6 +36,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)
+    # A cluster node passes native requests for containers it does not serve to their node.
+    app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store)  # type: ignore[method-assign]
     # Around every reader of a body (the stream append shortcut takes no chunked one).
     chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
     app.wsgi_app = chunked_body.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]

@@ -239,6 +239,19 @@ class SegmentStore:
             raise ContainerNotReady(self._elsewhere(container_id))
         return container
 
+    def owner_of(self, name: str) -> tuple[str, str] | None:
+        """(node id, URL) of the other node serving ``name``'s container, or None (here, or unknown)."""
+        if self._node is None:
+            return None
+        container_id = container_for(name, self.settings.container_count)
+        if container_id in self._by_id and self._node.holds(container_id):
+            return None
+        view = self._node.view()
+        owner = view.owners.get(container_id)
+        if owner is None or owner == self._node.node_id or owner not in view.nodes:
+            return None
+        return owner, view.nodes[owner]
+
     def _elsewhere(self, container_id: int) -> str:
         owner = self._node.view().owners.get(container_id) if self._node is not None else None
         if owner is None:

@@ -5,11 +5,14 @@ segments spread over every container, sending each append to the node that
 ``GET /v1/cluster`` names for the segment's container and refreshing that
 map on a refusal or a dead connection. One node is killed mid-load: its
 containers move to the other within the lease plus recovery, and every
-acknowledged append is there exactly once at its offset.
+acknowledged append is there exactly once at its offset. A node that does
+not serve a segment's container forwards native requests to the one that
+does, bodies and long-polls streamed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -145,6 +148,59 @@ def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
         assert failover_s < LEASE_S + 20, failover_s
         for name, data in acked.items():
             assert client.send("GET", name, params={"offset": 0}).content == data, name
+    finally:
+        for server in servers.values():
+            server.kill()
+
+
+def test_a_node_forwards_native_requests_for_containers_it_does_not_serve(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    ports = {"a": free_port(), "b": free_port()}
+    servers = {
+        node: ServerProcess(tmp_path / node, port=port, env=node_env(node, port, moto_endpoint, s3_bucket))
+        for node, port in ports.items()
+    }
+    try:
+        for server in servers.values():
+            server.start()
+        a = servers["a"].url
+        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        by_node = {"a": servers["a"].url, "b": servers["b"].url}
+        map_ = owners(a)
+        name = next(n for n in (f"fwd-{i}" for i in range(100)) if map_[container_for(n, CONTAINERS)] == "a")
+        other = by_node["b"]  # b does not serve name's container: it forwards
+        url = f"{other}/v1/segments/{name}"
+
+        created = requests.put(url, timeout=TIMEOUT_S)
+        assert created.status_code == 201 and created.headers["Segment-Owner"] == "a"
+        first = requests.post(url, data=b"hello ", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
+        assert first.status_code == 200 and first.json()["offset"] == 0
+        chunked = requests.post(url, data=iter([b"wor", b"ld"]), timeout=TIMEOUT_S)  # no length: chunked
+        assert chunked.status_code == 200 and chunked.json()["offset"] == 6
+        refused = requests.post(url, data=b"x", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
+        assert refused.status_code == 412 and refused.headers["Content-Type"] == "application/problem+json"
+        read = requests.get(url, params={"offset": 0}, timeout=TIMEOUT_S)
+        assert read.content == b"hello world" and read.headers["Segment-Owner"] == "a"
+        head = requests.head(url, timeout=TIMEOUT_S)
+        assert head.status_code == 200 and head.content == b""
+
+        tail: dict[str, bytes] = {}
+
+        def long_poll() -> None:
+            answer = requests.get(url, params={"offset": 11, "wait": 20}, timeout=TIMEOUT_S + 20)
+            tail["got"] = answer.content
+
+        reader = threading.Thread(target=long_poll)
+        reader.start()
+        time.sleep(0.5)
+        assert requests.post(f"{by_node['a']}/v1/segments/{name}", data=b"!", timeout=TIMEOUT_S).ok
+        reader.join(TIMEOUT_S)
+        assert tail.get("got") == b"!"
+
+        once = requests.get(url, params={"offset": 0}, headers={"Segstore-Forwarded": "a"}, timeout=TIMEOUT_S)
+        assert once.status_code == 503, "a forwarded request is never forwarded again"
+        assert "served by node a" in once.json()["detail"]
     finally:
         for server in servers.values():
             server.kill()
