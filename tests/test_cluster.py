@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -99,63 +99,9 @@ def owners(url: str) -> list[str | None]:
     return [c["owner"] for c in cluster_map(url)["containers"]]
 
 
-def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
-    tmp_path: Path, moto_endpoint: str, s3_bucket: str
-) -> None:
-    ports = {"a": free_port(), "b": free_port()}
-    servers = {
-        node: ServerProcess(tmp_path / node, port=port, env=node_env(node, port, moto_endpoint, s3_bucket))
-        for node, port in ports.items()
-    }
-    try:
-        for server in servers.values():
-            server.start()
-        a, b = servers["a"].url, servers["b"].url
-        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
-        assert cluster_map(b)["node"] == "b" and {n["id"] for n in cluster_map(b)["nodes"]} == {"a", "b"}
-
-        client = Client([a, b])
-        client.refresh()
-        names = [f"seg-{i}-{uuid.uuid4().hex[:4]}" for i in range(12)]
-        assert {container_for(n, CONTAINERS) for n in names} == set(range(CONTAINERS))
-        acked: dict[str, bytes] = {}
-        for name in names:
-            assert client.send("PUT", name).status_code == 201
-            acked[name] = b""
-
-        def append_round(tag: str) -> None:
-            for name in names:
-                data = f"{name}/{tag};".encode()
-                offset = len(acked[name])
-                response = client.send("POST", name, data=data, headers={"Expected-Offset": str(offset)})
-                if response.status_code == 412:  # the node died after storing it, before answering
-                    stored = client.send("GET", name, params={"offset": offset}).content
-                    assert stored == data, (name, offset, stored)
-                else:
-                    assert response.status_code == 200, response.text
-                    assert response.json()["offset"] == offset
-                acked[name] += data
-
-        for round_ in range(3):
-            append_round(f"before-{round_}")
-        killed_at = time.monotonic()
-        servers["a"].kill()
-        append_round("during")  # waits out the lease and recovery for a's containers
-        failover_s = time.monotonic() - killed_at
-        for round_ in range(2):
-            append_round(f"after-{round_}")
-        assert owners(b) == ["b"] * CONTAINERS
-        assert failover_s < LEASE_S + 20, failover_s
-        for name, data in acked.items():
-            assert client.send("GET", name, params={"offset": 0}).content == data, name
-    finally:
-        for server in servers.values():
-            server.kill()
-
-
-def test_a_node_forwards_native_requests_for_containers_it_does_not_serve(
-    tmp_path: Path, moto_endpoint: str, s3_bucket: str
-) -> None:
+@pytest.fixture
+def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
+    """Nodes a and b on one bucket, each serving two of the four containers."""
     ports = {"a": free_port(), "b": free_port()}
     servers = {
         node: ServerProcess(tmp_path / node, port=port, env=node_env(node, port, moto_endpoint, s3_bucket))
@@ -166,41 +112,92 @@ def test_a_node_forwards_native_requests_for_containers_it_does_not_serve(
             server.start()
         a = servers["a"].url
         wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
-        by_node = {"a": servers["a"].url, "b": servers["b"].url}
-        map_ = owners(a)
-        name = next(n for n in (f"fwd-{i}" for i in range(100)) if map_[container_for(n, CONTAINERS)] == "a")
-        other = by_node["b"]  # b does not serve name's container: it forwards
-        url = f"{other}/v1/segments/{name}"
-
-        created = requests.put(url, timeout=TIMEOUT_S)
-        assert created.status_code == 201 and created.headers["Segment-Owner"] == "a"
-        first = requests.post(url, data=b"hello ", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
-        assert first.status_code == 200 and first.json()["offset"] == 0
-        chunked = requests.post(url, data=iter([b"wor", b"ld"]), timeout=TIMEOUT_S)  # no length: chunked
-        assert chunked.status_code == 200 and chunked.json()["offset"] == 6
-        refused = requests.post(url, data=b"x", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
-        assert refused.status_code == 412 and refused.headers["Content-Type"] == "application/problem+json"
-        read = requests.get(url, params={"offset": 0}, timeout=TIMEOUT_S)
-        assert read.content == b"hello world" and read.headers["Segment-Owner"] == "a"
-        head = requests.head(url, timeout=TIMEOUT_S)
-        assert head.status_code == 200 and head.content == b""
-
-        tail: dict[str, bytes] = {}
-
-        def long_poll() -> None:
-            answer = requests.get(url, params={"offset": 11, "wait": 20}, timeout=TIMEOUT_S + 20)
-            tail["got"] = answer.content
-
-        reader = threading.Thread(target=long_poll)
-        reader.start()
-        time.sleep(0.5)
-        assert requests.post(f"{by_node['a']}/v1/segments/{name}", data=b"!", timeout=TIMEOUT_S).ok
-        reader.join(TIMEOUT_S)
-        assert tail.get("got") == b"!"
-
-        once = requests.get(url, params={"offset": 0}, headers={"Segstore-Forwarded": "a"}, timeout=TIMEOUT_S)
-        assert once.status_code == 503, "a forwarded request is never forwarded again"
-        assert "served by node a" in once.json()["detail"]
+        yield servers
     finally:
         for server in servers.values():
             server.kill()
+
+
+def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
+    nodes: dict[str, ServerProcess],
+) -> None:
+    servers = nodes
+    a, b = servers["a"].url, servers["b"].url
+    assert cluster_map(b)["node"] == "b" and {n["id"] for n in cluster_map(b)["nodes"]} == {"a", "b"}
+
+    client = Client([a, b])
+    client.refresh()
+    names = [f"seg-{i}-{uuid.uuid4().hex[:4]}" for i in range(12)]
+    assert {container_for(n, CONTAINERS) for n in names} == set(range(CONTAINERS))
+    acked: dict[str, bytes] = {}
+    for name in names:
+        assert client.send("PUT", name).status_code == 201
+        acked[name] = b""
+
+    def append_round(tag: str) -> None:
+        for name in names:
+            data = f"{name}/{tag};".encode()
+            offset = len(acked[name])
+            response = client.send("POST", name, data=data, headers={"Expected-Offset": str(offset)})
+            if response.status_code == 412:  # the node died after storing it, before answering
+                stored = client.send("GET", name, params={"offset": offset}).content
+                assert stored == data, (name, offset, stored)
+            else:
+                assert response.status_code == 200, response.text
+                assert response.json()["offset"] == offset
+            acked[name] += data
+
+    for round_ in range(3):
+        append_round(f"before-{round_}")
+    killed_at = time.monotonic()
+    servers["a"].kill()
+    append_round("during")  # waits out the lease and recovery for a's containers
+    failover_s = time.monotonic() - killed_at
+    for round_ in range(2):
+        append_round(f"after-{round_}")
+    assert owners(b) == ["b"] * CONTAINERS
+    assert failover_s < LEASE_S + 20, failover_s
+    for name, data in acked.items():
+        assert client.send("GET", name, params={"offset": 0}).content == data, name
+
+
+def test_a_node_forwards_native_requests_for_containers_it_does_not_serve(
+    nodes: dict[str, ServerProcess],
+) -> None:
+    servers = nodes
+    a = servers["a"].url
+    by_node = {"a": servers["a"].url, "b": servers["b"].url}
+    map_ = owners(a)
+    name = next(n for n in (f"fwd-{i}" for i in range(100)) if map_[container_for(n, CONTAINERS)] == "a")
+    other = by_node["b"]  # b does not serve name's container: it forwards
+    url = f"{other}/v1/segments/{name}"
+
+    created = requests.put(url, timeout=TIMEOUT_S)
+    assert created.status_code == 201 and created.headers["Segment-Owner"] == "a"
+    first = requests.post(url, data=b"hello ", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
+    assert first.status_code == 200 and first.json()["offset"] == 0
+    chunked = requests.post(url, data=iter([b"wor", b"ld"]), timeout=TIMEOUT_S)  # no length: chunked
+    assert chunked.status_code == 200 and chunked.json()["offset"] == 6
+    refused = requests.post(url, data=b"x", headers={"Expected-Offset": "0"}, timeout=TIMEOUT_S)
+    assert refused.status_code == 412 and refused.headers["Content-Type"] == "application/problem+json"
+    read = requests.get(url, params={"offset": 0}, timeout=TIMEOUT_S)
+    assert read.content == b"hello world" and read.headers["Segment-Owner"] == "a"
+    head = requests.head(url, timeout=TIMEOUT_S)
+    assert head.status_code == 200 and head.content == b""
+
+    tail: dict[str, bytes] = {}
+
+    def long_poll() -> None:
+        answer = requests.get(url, params={"offset": 11, "wait": 20}, timeout=TIMEOUT_S + 20)
+        tail["got"] = answer.content
+
+    reader = threading.Thread(target=long_poll)
+    reader.start()
+    time.sleep(0.5)
+    assert requests.post(f"{by_node['a']}/v1/segments/{name}", data=b"!", timeout=TIMEOUT_S).ok
+    reader.join(TIMEOUT_S)
+    assert tail.get("got") == b"!"
+
+    once = requests.get(url, params={"offset": 0}, headers={"Segstore-Forwarded": "a"}, timeout=TIMEOUT_S)
+    assert once.status_code == 503, "a forwarded request is never forwarded again"
+    assert "served by node a" in once.json()["detail"]
