@@ -11,6 +11,12 @@ duplicate) or ``Expected-Offset`` (a second copy fails with 412). A plain
 append, a create, a delete, a merge and an open of a transaction are not
 retried after a connection error: the error is raised to the caller, who
 knows whether a duplicate would matter.
+
+A cluster (docs/cluster.md). Any node answers; one that does not serve a
+segment's container forwards the request and names the serving node in
+``Segment-Owner``. The client then sends that segment's requests straight to
+that node (its URL from ``GET /v1/cluster``), and goes back to the endpoint
+it was given when the node refuses (503) or cannot be reached.
 """
 
 from __future__ import annotations
@@ -99,6 +105,12 @@ def segment_path(name: str) -> str:
     return "/v1/segments/" + quote(name, safe="/")
 
 
+def _segment_of(path: str) -> str:
+    """The segment a request path names (its route key), or "" for other paths."""
+    rest = path.removeprefix("/v1/segments/")
+    return rest.split("?", 1)[0].partition(":")[0] if rest != path else ""
+
+
 class SegmentClient:
     """A client for one segstore endpoint; thread-safe as far as ``requests.Session`` is."""
 
@@ -121,6 +133,8 @@ class SegmentClient:
         self.session.mount("https://", adapter)
         if token is not None:
             self.session.headers["Authorization"] = f"Bearer {token}"
+        self._routes: dict[str, str] = {}  # segment name -> URL of the node that serves it
+        self._node_urls: dict[str, str] = {}  # node id -> URL, from GET /v1/cluster
 
     def close(self) -> None:
         self.session.close()
@@ -152,17 +166,22 @@ class SegmentClient:
         **kwargs: Any,
     ) -> requests.Response:
         """Send with retries (see the module doc); return the response or raise its typed error."""
-        url = self.endpoint + path
+        segment = _segment_of(path)
         timeout = self.timeout_s + wait_s
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            base = self._routes.get(segment, self.endpoint) if segment else self.endpoint
             try:
-                response = self.session.request(method, url, timeout=timeout, **kwargs)
+                response = self.session.request(method, base + path, timeout=timeout, **kwargs)
             except (requests.ConnectionError, requests.Timeout):
+                if base != self.endpoint:
+                    self._routes.pop(segment, None)
                 if last or not safe_to_resend:
                     raise
                 time.sleep(self._delay_s(attempt, None))
                 continue
+            if segment:
+                self._learn_route(segment, base, response)
             if response.status_code in ok:
                 return response
             if response.status_code == 503 and not last:
@@ -171,6 +190,31 @@ class SegmentClient:
                 continue
             raise error_from_response(response)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def route(self, name: str) -> str:
+        """The node URL this client sends ``name``'s requests to (the endpoint until it learns better)."""
+        return self._routes.get(_segment_of(segment_path(name)), self.endpoint)
+
+    def _learn_route(self, segment: str, base: str, response: requests.Response) -> None:
+        """Remember the node a forwarded answer names; forget a direct route the node refused."""
+        owner = response.headers.get("Segment-Owner")
+        if owner is not None:
+            url = self._node_urls.get(owner)
+            if url is None:
+                self._refresh_nodes()
+                url = self._node_urls.get(owner)
+            if url is not None:
+                self._routes[segment] = url
+        elif response.status_code == 503 and base != self.endpoint:
+            self._routes.pop(segment, None)
+
+    def _refresh_nodes(self) -> None:
+        try:
+            answer = self.session.get(self.endpoint + "/v1/cluster", timeout=self.timeout_s)
+            nodes = answer.json().get("nodes", []) if answer.status_code == 200 else []
+        except (requests.RequestException, ValueError):
+            return
+        self._node_urls = {node["id"]: node["url"].rstrip("/") for node in nodes}
 
     # -- segments ----------------------------------------------------------------------------
 

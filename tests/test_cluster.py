@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from bench.servers import FAKE_AWS_ENV, ServerProcess, free_port
+from client.segment_client import SegmentClient
 from engine.naming import container_for
 
 pytestmark = pytest.mark.slow
@@ -201,3 +202,22 @@ def test_a_node_forwards_native_requests_for_containers_it_does_not_serve(
     once = requests.get(url, params={"offset": 0}, headers={"Segstore-Forwarded": "a"}, timeout=TIMEOUT_S)
     assert once.status_code == 503, "a forwarded request is never forwarded again"
     assert "served by node a" in once.json()["detail"]
+
+
+def test_the_python_client_goes_straight_to_the_serving_node_and_back_when_it_dies(
+    nodes: dict[str, ServerProcess],
+) -> None:
+    a, b = nodes["a"].url, nodes["b"].url
+    map_ = owners(a)
+    name = next(n for n in (f"direct-{i}" for i in range(100)) if map_[container_for(n, CONTAINERS)] == "a")
+    writer = uuid.uuid4()
+    with SegmentClient(b, retries=60, backoff_s=0.2) as client:  # b forwards: the client learns a
+        client.create(name)
+        assert client.route(name) == a
+        for event in range(1, 4):
+            client.append(name, b"%d;" % event, writer_id=writer, event_number=event)
+        nodes["a"].kill()
+        for event in range(4, 7):  # a is gone: back to b, which serves the container once it moved
+            client.append(name, b"%d;" % event, writer_id=writer, event_number=event)
+        assert client.route(name) == b
+        assert client.read(name, 0).data == b"1;2;3;4;5;6;"
