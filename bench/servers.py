@@ -39,6 +39,24 @@ FAKE_AWS_ENV = {
 UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
+def cluster_node_env(
+    node: str, port: int, endpoint: str, bucket: str, *, lease_s: float = 10.0, containers: int = 4
+) -> dict[str, str]:
+    """The settings of cluster node ``node`` on ``port``, with both tiers in ``bucket`` on ``endpoint``."""
+    return {
+        **FAKE_AWS_ENV,
+        "SEGSTORE_LOG_LEVEL": "warning",
+        "SEGSTORE_TIER1": f"s3://{bucket}/tier1",
+        "SEGSTORE_TIER2": f"s3://{bucket}/tier2",
+        "SEGSTORE_S3_ENDPOINT": endpoint,
+        "SEGSTORE_NODE_ID": node,
+        "SEGSTORE_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+        "SEGSTORE_LEASE_S": str(lease_s),
+        "SEGSTORE_CONTAINER_COUNT": str(containers),
+        "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
