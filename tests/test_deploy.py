@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from dataclasses import fields
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import requests
 from packaging.requirements import Requirement
 
@@ -200,6 +202,53 @@ def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(40)
     assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode != 0
+
+
+@pytest.mark.slow
+def test_the_images_build_steps_install_a_package_that_serves(tmp_path: Path) -> None:
+    """The image's build without Docker: exactly what it COPYs, installed into a fresh venv by its
+    ``pip install .``, serves its CMD from its WORKDIR (nothing read from this checkout)."""
+    instructions = dockerfile()
+    (workdir,) = [args for name, args in instructions if name == "WORKDIR"]
+    image = tmp_path / workdir.lstrip("/")
+    image.mkdir(parents=True)
+    for name, args in instructions:
+        if name == "COPY":
+            *sources, target = shlex.split(args)
+            destination = image / target
+            for source in sources:
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    destination.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(ROOT / source, destination / source)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "."], cwd=image, check=True, timeout=600)
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SEGSTORE_", "PYTHON"))},
+        **docker_env(),
+        "SEGSTORE_DATA_DIR": str(tmp_path / "data"),
+        "SEGSTORE_BIND": f"127.0.0.1:{port}",
+    }
+    command = docker_exec_form("CMD")
+    command[0] = python
+    proc = subprocess.Popen(command, cwd=image, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "the installed package's server exited"
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the installed package did not serve in 60 s"
+            time.sleep(0.2)
+        assert requests.put(f"http://127.0.0.1:{port}/v1/segments/a/0", timeout=5).status_code == 201
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(40)
 
 
 def systemd_unit() -> dict[str, list[tuple[str, str]]]:
