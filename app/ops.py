@@ -159,12 +159,14 @@ def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:
 
 @bp.get("/healthz")
 def healthz() -> tuple[Response, int]:
-    """200 while every container serves; else 503. Both list each container's state."""
+    """200 while every container this node runs serves; else 503. Both list each container's state."""
     containers = [
         {"id": cid, "state": state, **({"reason": reason} if reason else {})}
         for cid, state, reason in _store().container_states()
     ]
-    serving = bool(containers) and all(c["state"] in SERVING_STATES for c in containers)
+    # A cluster node may serve no container at a given moment (the others do) and still be well.
+    clustered = _store().node is not None
+    serving = (clustered or bool(containers)) and all(c["state"] in SERVING_STATES for c in containers)
     body = {"status": "ok" if serving else "unavailable", "containers": containers}
     return jsonify(body), 200 if serving else 503
 

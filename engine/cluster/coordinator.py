@@ -271,13 +271,16 @@ class Coordinator:
         for container in free:
             self._free_since.setdefault(container, now)
         long_free = {c for c in free if now - self._free_since[c] >= self.lease_s}
-        urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
-        self._view = ClusterView(urls | {self.node_id: self._node.url}, dict(owners))
         step = balancer.plan(self.node_id, live, owners, free, self.container_count, long_free)
         for container in step.release:
             self._release(container)
         for container in step.claim:
             self._claim(container, seen.leases.get(container))
+        # The view after this round's own moves, so it agrees with what this node serves.
+        after = {c: owner for c, owner in owners.items() if owner != self.node_id}
+        after |= {c: self.node_id for c in self._held}
+        urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
+        self._view = ClusterView(urls | {self.node_id: self._node.url}, after)
 
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)
