@@ -108,10 +108,9 @@ def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
     servers = nodes
     a, b = servers["a"].url, servers["b"].url
     assert cluster_map(b)["node"] == "b" and {n["id"] for n in cluster_map(b)["nodes"]} == {"a", "b"}
-    health = requests.get(f"{b}/healthz", timeout=TIMEOUT_S)
-    assert health.status_code == 200 and [c["id"] for c in health.json()["containers"]] == [
-        i for i, owner in enumerate(owners(b)) if owner == "b"
-    ]
+    wait_for(lambda: requests.get(f"{b}/healthz", timeout=TIMEOUT_S).ok, 30, "b's containers recovered")
+    health = requests.get(f"{b}/healthz", timeout=TIMEOUT_S).json()
+    assert [c["id"] for c in health["containers"]] == [i for i, owner in enumerate(owners(b)) if owner == "b"]
 
     client = Client([a, b])
     client.refresh()
