@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -381,6 +381,14 @@ class SegmentStore:
         page = names[:limit]
         more = len(names) > limit
         return page, (page[-1].name if more else None)
+
+    def scan(self, prefix: str = "", *, after: str | None = None) -> Iterator[SegmentInfo]:
+        """Every segment ``list`` shows under ``prefix`` (after ``after``), a page at a time."""
+        while True:
+            page, after = self.list(prefix, after=after)
+            yield from page
+            if after is None:
+                return
 
     # ------------------------------------------------- transactions and merges
     def open_transaction(self, parent: str) -> uuid.UUID:

@@ -220,7 +220,7 @@ def list_buckets(store: SegmentStore, visible: Callable[[str], bool]) -> Respons
     buckets: list[Node] = []
     names: list[str] = []
     next_token = None
-    found = objects.list_all(store, marker_base + prefix, after) if region == objects.REGION else iter(())
+    found = store.scan(marker_base + prefix, after=after) if region == objects.REGION else iter(())
     for info in found:
         name = info.name[len(marker_base) :]
         if not visible(name):

@@ -30,7 +30,6 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from app.s3.objects import list_all
 from engine import (
     LEGACY_S3_PREFIX,
     S3_OWNER,
@@ -80,7 +79,7 @@ def migrate(store: SegmentStore) -> int:
         store.info(marker)
         return 0
     seen = 0
-    for info in list_all(store, LEGACY_S3_PREFIX):
+    for info in store.scan(LEGACY_S3_PREFIX):
         kind, _, rest = info.name.removeprefix(LEGACY_S3_PREFIX).partition("/")
         if not rest:
             continue

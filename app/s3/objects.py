@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
@@ -149,15 +149,6 @@ def require_bucket(store: SegmentStore, bucket: str) -> SegmentInfo:
         return store.info(bucket_marker(bucket))
     except SegmentNotFound:
         raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
-
-
-def list_all(store: SegmentStore, prefix: str, after: str | None = None) -> Iterator[SegmentInfo]:
-    """Every segment under ``prefix`` in name order, a page at a time."""
-    while True:
-        page, after = store.list(prefix, after=after, limit=1000)
-        yield from page
-        if after is None:
-            return
 
 
 def derived_etag(info: SegmentInfo) -> str:

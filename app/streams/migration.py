@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import logging
-from collections.abc import Iterator
 
 from app.streams.format import unframe
 from app.streams.records import encode_record
@@ -44,7 +43,6 @@ from engine import (
     AttributeUpdate,
     AttributeUpdateType,
     SegmentExists,
-    SegmentInfo,
     SegmentNotFound,
     SegmentStore,
     migrated_marker,
@@ -62,25 +60,16 @@ def migrate(store: SegmentStore) -> int:
         store.info(marker)
         return 0
     moved = 0
-    for info in _list(store, LEGACY_STREAM_META_PREFIX):
+    for info in store.scan(LEGACY_STREAM_META_PREFIX):
         _move(store, info.name)
         moved += 1
-    for info in _list(store, LEGACY_STREAM_DATA_PREFIX):
+    for info in store.scan(LEGACY_STREAM_DATA_PREFIX):
         _drop(store, info.name)  # no meta segment names it any more
     with contextlib.suppress(SegmentExists):
         store.create(marker)
     if moved:
         log.info("streams: %d moved from %s to reserved names", moved, LEGACY_STREAM_META_PREFIX)
     return moved
-
-
-def _list(store: SegmentStore, prefix: str) -> Iterator[SegmentInfo]:
-    after = None
-    while True:
-        page, after = store.list(prefix, after=after, limit=1000)
-        yield from page
-        if after is None:
-            return
 
 
 def _move(store: SegmentStore, old_meta: str) -> None:

@@ -30,7 +30,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from app.streams import appends, creation, migration
@@ -93,7 +92,7 @@ class StreamStore:
                 return
             migration.migrate(self.store)
             streams: dict[str, Stream] = {}
-            for segment in self._list(STREAM_META_PREFIX):
+            for segment in (i.name for i in self.store.scan(STREAM_META_PREFIX)):
                 name = stream_of_meta_segment(segment)
                 stream = self._load(name, segment)
                 if stream is None:
@@ -106,21 +105,13 @@ class StreamStore:
                 if source is not None:
                     source.forks += 1
             live = {s.config.data_segment for s in streams.values() if not s.soft_deleted}
-            for segment in self._list(STREAM_DATA_PREFIX):
+            for segment in (i.name for i in self.store.scan(STREAM_DATA_PREFIX)):
                 if segment not in live:
                     with contextlib.suppress(SegmentNotFound):
                         self.store.delete(segment)
             self.streams = streams
             self._loaded = True
             log.info("streams: %d loaded", len(streams))
-
-    def _list(self, prefix: str) -> Iterator[str]:
-        after = None
-        while True:
-            page, after = self.store.list(prefix, after=after, limit=1000)
-            yield from (info.name for info in page)
-            if after is None:
-                return
 
     def _load(self, name: str, segment: str) -> Stream | None:
         replayed = replay(name, [json.loads(p) for p in self.read_all(segment)])

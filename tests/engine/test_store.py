@@ -174,3 +174,11 @@ def test_store_refuses_requests_before_start_and_after_close(tmp_path: Path) -> 
     with pytest.raises(ContainerNotReady):
         store.append("s", b"x")
     store.close()  # idempotent
+
+
+def test_scan_walks_every_page_of_a_listing(store: SegmentStore) -> None:
+    names = [f"scan/{i:04d}" for i in range(1005)]  # more than one page of 1,000
+    for name in names:
+        store.create(name)
+    assert [info.name for info in store.scan("scan/")] == names
+    assert [info.name for info in store.scan("scan/", after="scan/1002")] == names[1003:]

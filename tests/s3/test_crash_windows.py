@@ -212,7 +212,7 @@ def test_completion_records_are_all_pruned_in_turn(tmp_path: Path, monkeypatch: 
             store.create(name)
         for _ in range(4):
             multipart.create(store, "b", "k", {}, None)
-        left = {info.name for info in objects.list_all(store, multipart.completed_name(""))}
+        left = {info.name for info in store.scan(multipart.completed_name(""))}
         assert left == set(young)
     finally:
         store.close()
