@@ -29,8 +29,9 @@
     ``s3``: bucket markers, object records, staging and uploads; owner
     ``stream``: a stream's ``meta/<escaped name>`` and
     ``data/<escaped name>/<incarnation>``, no longer than the ordinary names
-    they replace). They are top-level segments:
-    hashed by their own name, never reaped. The native API refuses them and
+    they replace). They are top-level segments, never reaped, hashed by
+    their subject (``subject_of``) so that they share a container with what
+    they are about. The native API refuses them and
     listings show them only to a prefix that is itself reserved.
   - ``#<owner>/migrated`` marks that the owner's state was moved out of the
     ordinary names it used to have (``.s3/...``, ``streams/meta/...``,
@@ -101,11 +102,33 @@ def validate_name(name: str) -> str:
 def container_for(name: str, container_count: int) -> int:
     """The container that owns ``name``: stable across processes and versions.
 
-    An internal segment hashes by its parent's name, so it lives beside it
-    (seed 000: a transaction is mapped into its parent's container).
+    It hashes ``subject_of(name)``: an internal segment lives beside its
+    parent (seed 000: a transaction is mapped into its parent's container),
+    and a surface's state beside what it is about, so one request of a
+    surface touches one container (one node of a cluster).
     """
-    digest = hashlib.blake2b(parent_of(name).encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(subject_of(name).encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % container_count
+
+
+def subject_of(name: str) -> str:
+    """The name ``name`` is hashed by: what it belongs to or is about.
+
+    An internal segment's parent; for a reserved ``#<owner>/<kind>/<rest>``,
+    ``rest``: an object record ``#s3/etags/<bucket>/<key>`` goes with the
+    object's segment ``<bucket>/<key>``, a bucket marker with the bucket's
+    name, an upload's segments with the upload id, a stream's meta segment
+    with the stream's escaped name. A surface that needs a fresh name beside
+    another one draws random ids until one hashes there (a stream's data
+    segment ``<escaped name>/<incarnation>`` beside its meta, or beside its
+    fork source's data, whose chunks it shares). Any other name is its own
+    subject.
+    """
+    name = parent_of(name)
+    if not name.startswith(RESERVED_MARK):
+        return name
+    _, slash, subject = name.partition("/")[2].partition("/")
+    return subject if slash else name
 
 
 def transaction_name(parent: str, txid: uuid.UUID) -> str:

@@ -69,7 +69,7 @@ def create(
         prefix = b""
         position = 0
         source = None
-        data_segment = stream_data_segment(name, uuid.uuid4().hex[:16])
+        data_segment = beside(streams, name, stream_meta_segment(name))
         if forked_from is not None:
             source = streams.find(forked_from)
             if source is None:
@@ -112,9 +112,13 @@ def create(
         return streams.info(name), True
 
 
-def beside(streams: StreamStore, name: str, source_segment: str) -> str:
-    """A new data segment for ``name`` in the container of ``source_segment`` (forks share chunks)."""
-    container = streams.store.container_of(source_segment)
+def beside(streams: StreamStore, name: str, neighbour: str) -> str:
+    """A new data segment for ``name`` in the container of ``neighbour``.
+
+    A stream's data goes beside its meta segment, so one request touches one
+    container; a fork's beside its source's data, whose chunks it shares.
+    """
+    container = streams.store.container_of(neighbour)
     while True:
         segment = stream_data_segment(name, uuid.uuid4().hex[:16])
         if streams.store.container_of(segment) == container:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.streams.format import format_offset, frame, json_payload, json_values, parse_offset, unframe
+from app.streams.store import StreamStore
 from engine import InvalidArgument
 from engine.naming import (
     STREAM_META_PREFIX,
@@ -53,3 +54,19 @@ def test_json_payloads_are_values_joined_by_commas() -> None:
     for bad in [b"[]", b"{", b"NaN", b"1e400", b"\xff"]:
         with pytest.raises(InvalidArgument):
             json_payload(bad, allow_empty=False)
+
+
+def test_a_stream_data_lives_beside_its_meta_and_a_fork_beside_its_source(streams: StreamStore) -> None:
+    """One stream request touches one container; a fork shares its source's chunks, so it sits there."""
+    store = streams.store
+    names = [f"events/{i}" for i in range(12)]
+    for name in names:
+        streams.create(name, content_type="text/plain", body=b"m")
+        data = streams.live(name).config.data_segment
+        assert store.container_of(data) == store.container_of(stream_meta_segment(name))
+    source = streams.live(names[0]).config.data_segment
+    for i in range(6):
+        streams.create(f"fork/{i}", content_type="text/plain", forked_from=names[0])
+        fork = streams.live(f"fork/{i}").config.data_segment
+        assert store.container_of(fork) == store.container_of(source)
+        assert streams.read(f"fork/{i}", None).messages == (b"m",)
