@@ -39,7 +39,7 @@ from engine.errors import (
 )
 from engine.metrics import EngineMetrics, register_process_metrics
 from engine.naming import container_for, staging_name, transaction_name, validate_name
-from engine.store_metrics import ContainerCollector
+from engine.store_metrics import ContainerCollector, SyncCollector
 from engine.tiers import Tiers
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
@@ -58,6 +58,7 @@ class SegmentStore:
         self.metrics = EngineMetrics(self.registry)
         self.registry.register(ContainerCollector(lambda: self._containers))
         self._tiers = Tiers(settings)
+        self.registry.register(SyncCollector(self._tiers.file_syncs))
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._by_id: dict[int, SegmentContainer] = dict(enumerate(self._containers))
         self._node: ClusterNode | None = None
@@ -225,6 +226,7 @@ class SegmentStore:
             self._node.stop()
         for container in self._containers:
             container.close()
+        self._tiers.close()
         self._folder.close()
 
     # ------------------------------------------------------------------ routing

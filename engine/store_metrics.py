@@ -3,18 +3,20 @@
 Per container: its state (``engine/container_state.py``: one series per
 state, 1 for the current one), its segments and open transactions, and what
 its Tier 1 log holds on the local disk (files and bytes, as the log tracks
-them; nothing with Tier 1 on S3).
+them; nothing with Tier 1 on S3). Per node: the sync rounds of the Tier 1
+files (``GroupSync``), the syncs they made and the writes they covered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine import container_state, naming
 from engine.container import SegmentContainer
+from engine.durable_log.group_sync import GroupSync
 
 
 class ContainerCollector(Collector):
@@ -59,6 +61,28 @@ class ContainerCollector(Collector):
                 tier1_files.add_metric([label], files)
                 tier1_bytes.add_metric([label], size)
         yield from (states, segments, transactions, tier1_files, tier1_bytes)
+
+
+class SyncCollector(Collector):
+    """The node's Tier 1 sync rounds: writes per sync is how well group commit spans containers."""
+
+    def __init__(self, group: GroupSync) -> None:
+        self._group = group
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "segstore_tier1_sync_rounds", "Sync rounds of the Tier 1 files.", value=self._group.rounds
+        )
+        yield CounterMetricFamily(
+            "segstore_tier1_syncs",
+            "syncfs or fdatasync calls of the Tier 1 sync rounds.",
+            value=self._group.syncs,
+        )
+        yield CounterMetricFamily(
+            "segstore_tier1_synced_writes",
+            "Tier 1 file writes made durable by a sync round (of every container).",
+            value=self._group.writes,
+        )
 
 
 def _count_segments(container: SegmentContainer) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """The storage a store's containers are built over: Tier 1 logs and the Tier 2 binding, as set.
 
-One S3 client serves every container's Tier 1 log, one binding every
+One S3 client serves every container's Tier 1 log on S3, one round of syncs
+(``GroupSync``) every container's Tier 1 files, one binding every
 container's Tier 2 (seed 000 "Storage Abstractions").
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.file_log import FileDataLog
+from engine.durable_log.group_sync import GroupSync
 from engine.durable_log.object_log import ObjectDataLog
 from engine.naming import tier1_dir
 from engine.tier2.chunk_storage import ChunkStorage
@@ -22,6 +24,7 @@ class Tiers:
         self.settings = settings
         self._tier1_objects: ChunkStorage | None = None
         self._tier2: ChunkStorage | None = None
+        self.file_syncs = GroupSync()
 
     def tier1_log(self, container_id: int) -> DurableDataLog:
         """Container ``container_id``'s Tier 1 log: files in the data folder, or objects on S3."""
@@ -31,6 +34,7 @@ class Tiers:
                 tier1_dir(s.data_path, container_id),
                 file_bytes=s.tier1_file_bytes,
                 max_frame_bytes=s.max_frame_bytes,
+                group=self.file_syncs,
             )
         return ObjectDataLog(
             self.tier1_objects(),
@@ -65,3 +69,7 @@ class Tiers:
                 bucket, prefix = s3
                 self._tier2 = S3ChunkStorage(bucket, prefix, endpoint_url=self.settings.s3_endpoint or None)
         return self._tier2
+
+    def close(self) -> None:
+        """Stop the sync rounds (after the containers closed their logs)."""
+        self.file_syncs.close()

@@ -1,8 +1,9 @@
 """FileDataLog: Tier 1 on local files (seed 000 "Durable Data Log", local file system).
 
 The log is a folder of files named after their first frame sequence number
-(see ``engine.naming``). A write goes to the newest file followed by
-``fdatasync``; a new file is started once the current one passes
+(see ``engine.naming``). A write goes to the newest file, then waits for the
+node's next sync round (``GroupSync``: one ``syncfs`` for every container's
+files), or for its own ``fdatasync`` without one; a new file is started once the current one passes
 ``file_bytes`` (a write never spans files). Truncation deletes whole files.
 On recovery a torn or corrupt write at the end of the newest file is cut off;
 anything wrong before that is corruption and stops the container.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from engine.durable_log import frames
 from engine.durable_log.data_log import PendingWrite, write_one
+from engine.durable_log.group_sync import GroupSync
 from engine.errors import DataCorrupted
 from engine.naming import log_file_name, parse_log_file_name
 
@@ -37,8 +39,11 @@ class FileDataLog:
     max_writes_in_flight = 1
     cooperative = False
 
-    def __init__(self, folder: Path, *, file_bytes: int, max_frame_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, folder: Path, *, file_bytes: int, max_frame_bytes: int = 1 << 20, group: GroupSync | None = None
+    ) -> None:
         self.folder = Path(folder)
+        self._group = group
         self.file_bytes = file_bytes
         self.max_frame_bytes = max_frame_bytes
         self._files: list[tuple[int, Path]] = []  # (first frame seq, path), oldest first
@@ -111,7 +116,7 @@ class FileDataLog:
         return PendingWrite(first, count, buf)
 
     def write(self, pending: PendingWrite) -> None:
-        """Write the frames at the end of the newest file, then fdatasync."""
+        """Write the frames at the end of the newest file, then make them durable (a sync round)."""
         self._open_current(pending.first_frame_seq)
         assert self._fd is not None
         start = self._size
@@ -119,7 +124,10 @@ class FileDataLog:
             view = memoryview(pending.data)
             while view:
                 view = view[os.write(self._fd, view) :]
-            os.fdatasync(self._fd)
+            if self._group is not None:
+                self._group.sync(self._fd)
+            else:
+                os.fdatasync(self._fd)
         except OSError:
             self._undo(start)
             raise

@@ -1,0 +1,157 @@
+"""GroupSync: one sync round covers the Tier 1 writes of every container, and none returns early."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engine import Settings
+from engine.durable_log.file_log import FileDataLog
+from engine.durable_log.group_sync import GroupSync, sync_files
+from engine.naming import container_for
+from engine.store import SegmentStore
+
+
+class SlowSync:
+    """A sync that takes a while and records what each round made durable."""
+
+    def __init__(self, written: set[int], seconds: float = 0.005) -> None:
+        self.written = written
+        self.durable: set[int] = set()
+        self.seconds = seconds
+        self.fail_round: int | None = None
+        self.rounds = 0
+
+    def __call__(self, fds: Sequence[int]) -> int:
+        covered = set(self.written)  # what was written before this round began
+        time.sleep(self.seconds)
+        self.rounds += 1
+        if self.rounds == self.fail_round:
+            raise OSError(errno.EIO, "injected")
+        self.durable |= covered
+        return 1
+
+
+def test_a_caller_returns_only_after_a_round_that_began_after_its_write() -> None:
+    written: set[int] = set()
+    fake = SlowSync(written)
+    group = GroupSync(fake)
+    early: list[int] = []
+
+    def writer(i: int) -> None:
+        for n in range(20):
+            key = i * 1000 + n
+            written.add(key)
+            group.sync(i)
+            if key not in fake.durable:
+                early.append(key)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    group.close()
+    assert early == []
+    assert group.writes == 160
+    assert group.rounds == fake.rounds
+    assert group.rounds < group.writes / 2  # the writers of eight "containers" shared rounds
+
+
+def test_a_failed_round_fails_every_write_it_covered_and_the_next_round_works() -> None:
+    fake = SlowSync(set(), seconds=0.05)
+    fake.fail_round = 1
+    group = GroupSync(fake)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def writer(fd: int) -> None:
+        try:
+            group.sync(fd)
+            result = "ok"
+        except OSError as exc:
+            result = f"error {exc.errno}"
+        with lock:
+            outcomes.append(result)
+
+    first = threading.Thread(target=writer, args=(1,))
+    first.start()
+    while group.writes == 0:
+        time.sleep(0.001)
+    first.join(10)
+    assert outcomes == [f"error {errno.EIO}"]
+    group.sync(2)  # the next round works
+    group.close()
+    with pytest.raises(OSError):
+        group.sync(3)
+
+
+def test_sync_files_makes_writes_durable_with_one_call_for_a_file_system(tmp_path: Path) -> None:
+    fds = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT) for i in range(3)]
+    try:
+        for fd in fds:
+            os.write(fd, b"x")
+        assert sync_files(fds) in (1, 3)  # syncfs where it reports errors, else one fdatasync each
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_file_log_write_whose_sync_fails_is_cut_off(tmp_path: Path) -> None:
+    group = GroupSync(lambda fds: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
+    data_log = FileDataLog(tmp_path / "c0", file_bytes=1 << 20, group=group)
+    list(data_log.recover())
+    with pytest.raises(OSError):
+        data_log.append(b"lost")
+    data_log.close()
+    group.close()
+    assert [f.stat().st_size for f in (tmp_path / "c0").iterdir()] == [0]
+    again = FileDataLog(tmp_path / "c0", file_bytes=1 << 20)
+    assert list(again.recover()) == []
+    again.close()
+
+
+def test_appends_to_every_container_share_sync_rounds(tmp_path: Path) -> None:
+    store = SegmentStore(Settings(data_dir=str(tmp_path), container_count=4))
+    store.start(wait=True)
+    try:
+        names = [f"s{i}" for i in range(40)]
+        by_container: dict[int, str] = {}
+        for name in names:
+            by_container.setdefault(container_for(name, 4), name)
+        assert len(by_container) == 4
+        for name in by_container.values():
+            store.create(name)
+        before = store._tiers.file_syncs.writes
+
+        def writer(name: str) -> None:
+            for _ in range(50):
+                store.append(name, b"x" * 100)
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in by_container.values() for _ in "abcd"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        group = store._tiers.file_syncs
+        assert group.writes - before >= 4
+        assert group.rounds < group.writes  # rounds covered writes of several containers
+        for name in by_container.values():
+            assert store.info(name).length == 4 * 50 * 100
+        text = store.registry.get_sample_value("segstore_tier1_synced_writes_total")
+        assert text == group.writes
+    finally:
+        store.close()
+    reopened = SegmentStore(Settings(data_dir=str(tmp_path), container_count=4))
+    reopened.start(wait=True)
+    try:
+        for name in by_container.values():
+            assert reopened.read(name, 0, 1 << 20).data == b"x" * 20000
+    finally:
+        reopened.close()
