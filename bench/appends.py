@@ -13,7 +13,10 @@
 (d) MiB/s of 1 MiB appends from a few clients, against (c)'s bandwidth;
 (e) tail latency: a long-poll reader follows a segment while a writer appends
     at a fixed rate; from just before an append is sent to the reader
-    receiving its bytes.
+    receiving its bytes;
+(f) group commit across containers: 64 clients append to one segment, then
+    to 16 segments spread over the 4 containers; operations per Tier 1 sync
+    (``segstore_tier1_syncs_total``) of the spread load over the single one.
 
 The load generator is lean on purpose (the server and the generator share the
 machine): client processes each run an asyncio loop speaking raw HTTP/1.1 over
@@ -41,8 +44,10 @@ from typing import Any
 import requests
 
 from bench.common import (
+    TIER1_OPS_METRIC,
     Spread,
     create_segment,
+    metric_total,
     percentile,
     progress,
     run_in_workdir,
@@ -52,13 +57,20 @@ from bench.common import (
 )
 from bench.load import Connection, LoadResult, LoadSpec, request_bytes, run_load
 from bench.servers import ServerProcess
+from engine.naming import container_for
 
 KiB = 1024
 MiB = 1024 * KiB
 SMALL_APPEND_BYTES = 100
 BIG_APPEND_BYTES = 1 * MiB
 CONCURRENCY = (1, 16, 64)
-TARGET_FRAMEWORK_RATIO = 0.7
+TARGET_FRAMEWORK_RATIO = 0.8
+TARGET_TAIL_P50_MS = 1.5
+TARGET_TAIL_P99_MS = 3.0
+TARGET_SPREAD_SYNC_RATIO = 0.7
+SPREAD_CLIENTS = 64
+SPREAD_SEGMENTS_PER_CONTAINER = 4
+CONTAINERS = 4  # the default container_count
 TARGET_BANDWIDTH_RATIO = 0.5
 SERVER_ENV = {"SEGSTORE_LOG_LEVEL": "warning"}
 
@@ -244,6 +256,8 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
     bandwidths: list[float] = []
     big: list[LoadResult] = []
     tails: list[TailResult] = []
+    spread_one: list[LoadResult] = []
+    spread_many: list[LoadResult] = []
     with (
         ServerProcess(workdir / "data", env=SERVER_ENV) as server,
         ServerProcess(workdir / "bare", env=SERVER_ENV, app="bench.bare_app:create_app()") as bare,
@@ -264,6 +278,9 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
             tails.append(
                 asyncio.run(_tail_latency(server.port, segment, plan.tail_rate, plan.tail_duration_s))
             )
+            progress(f"run {r + 1}/{plan.repeat}: {SPREAD_CLIENTS} clients on 1, then 16 segments")
+            spread_one.append(_spread_run(plan, server, spread_segments(f"bench/one-r{r}", 1)))
+            spread_many.append(_spread_run(plan, server, spread_segments(f"bench/spread-r{r}", 16)))
     doc["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
 
     doc["disk"] = {
@@ -304,7 +321,55 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
             )
         },
     }
+    doc["group_commit"] = {
+        "clients": SPREAD_CLIENTS,
+        "one_segment": _load_summary(spread_one),
+        "sixteen_segments": _load_summary(spread_many),
+        "ops_per_sync_ratio": asdict(
+            Spread.of(
+                [
+                    (m.ops_per_tier1_write or 0.0) / (o.ops_per_tier1_write or 1.0)
+                    for o, m in zip(spread_one, spread_many, strict=True)
+                ]
+            )
+        ),
+    }
     return doc
+
+
+def spread_segments(prefix: str, count: int) -> tuple[str, ...]:
+    """``count`` segment names: one, or as many in each of the containers as the others."""
+    if count == 1:
+        return (prefix,)
+    per = count // CONTAINERS
+    names: dict[int, list[str]] = {c: [] for c in range(CONTAINERS)}
+    i = 0
+    while any(len(v) < per for v in names.values()):
+        name = f"{prefix}-{i}"
+        bucket = names[container_for(name, CONTAINERS)]
+        if len(bucket) < per:
+            bucket.append(name)
+        i += 1
+    return tuple(n for v in names.values() for n in v)
+
+
+def sync_metric(server: ServerProcess) -> dict[str, float]:
+    """Operations logged (``sum``) and Tier 1 syncs made (``count``): ``run_load`` divides them."""
+    return {
+        "sum": metric_total(server, f"{TIER1_OPS_METRIC}_sum"),
+        "count": metric_total(server, "segstore_tier1_syncs_total"),
+    }
+
+
+def _spread_run(plan: Plan, server: ServerProcess, segments: tuple[str, ...]) -> LoadResult:
+    """64 clients over ``segments``; its ``ops_per_tier1_write`` is operations per Tier 1 sync."""
+    for name in segments:
+        create_segment(server, name)
+    spec = LoadSpec(
+        server.port, segments[0], SMALL_APPEND_BYTES, SPREAD_CLIENTS, plan.warmup_s, plan.duration_s,
+        spread=segments,
+    )
+    return run_load(spec, plan.client_processes, server, partial(sync_metric, server))
 
 
 def _small_run(plan: Plan, server: ServerProcess, clients: int, segment: str | None) -> LoadResult:
@@ -353,6 +418,9 @@ def render(doc: dict[str, Any]) -> str:
     def verdict(value: float, target: float) -> str:
         return f"[target >= {target}: {'met' if value >= target else 'NOT met'}]"
 
+    def verdict_below(value: float, target: float) -> str:
+        return f"[target <= {target} ms: {'met' if value <= target else 'NOT met'}]"
+
     lines = [
         f"segstore append benchmark: {machine['cpus']} CPUs, Python {machine['python']}, "
         f"1-minute load average {machine['loadavg_1m_before']:.2f} before, "
@@ -397,6 +465,20 @@ def render(doc: dict[str, Any]) -> str:
         f"max {spread(tail['delivered_max_ms'], '{:.2f}')}",
         f"  append sent -> acknowledged:  p50 {spread(tail['ack_p50_ms'], '{:.2f}')}, "
         f"p99 {spread(tail['ack_p99_ms'], '{:.2f}')}",
+        f"  p50 {verdict_below(tail['delivered_p50_ms']['median'], TARGET_TAIL_P50_MS)}, "
+        f"p99 {verdict_below(tail['delivered_p99_ms']['median'], TARGET_TAIL_P99_MS)}",
+    ]
+    group = doc["group_commit"]
+    one, many = group["one_segment"], group["sixteen_segments"]
+    lines += [
+        "",
+        f"(f) group commit across containers: {group['clients']} clients of 100-byte appends",
+        f"  1 segment:      {spread(one['requests_per_s'])} appends/s, "
+        f"{spread(one['ops_per_tier1_write'], '{:.1f}')} ops per Tier 1 sync",
+        f"  16 segments:    {spread(many['requests_per_s'])} appends/s, "
+        f"{spread(many['ops_per_tier1_write'], '{:.1f}')} ops per Tier 1 sync",
+        f"  16 / 1, paired: {spread(group['ops_per_sync_ratio'], '{:.2f}')}  "
+        + verdict(group["ops_per_sync_ratio"]["median"], TARGET_SPREAD_SYNC_RATIO),
     ]
     return "\n".join(lines)
 
@@ -409,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="seconds per 100-byte run")
     parser.add_argument("--warmup", type=float, default=0.0, help="warm-up seconds per run")
     parser.add_argument("--big-clients", type=int, default=4, help="clients for 1 MiB appends")
-    parser.add_argument("--tail-rate", type=float, default=200.0, help="appends/s for tail latency")
+    parser.add_argument("--tail-rate", type=float, default=1000.0, help="appends/s for tail latency")
     parser.add_argument("--client-processes", type=int, default=1, help="load generator processes")
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary data dir goes")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")

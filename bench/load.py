@@ -83,7 +83,10 @@ class Connection:
 # ------------------------------------------------------------- closed-loop load
 @dataclass(frozen=True)
 class LoadSpec:
-    """Connections appending ``body_bytes`` to ``segment`` in a closed loop."""
+    """Connections appending ``body_bytes`` to ``segment`` in a closed loop.
+
+    With ``spread``, connection ``i`` appends to ``spread[i % len(spread)]`` instead.
+    """
 
     port: int
     segment: str
@@ -91,6 +94,7 @@ class LoadSpec:
     connections: int
     warmup_s: float
     duration_s: float
+    spread: tuple[str, ...] = ()
 
 
 @dataclass
@@ -142,8 +146,11 @@ async def _drive(spec: LoadSpec, connections: int, barrier: Any) -> LoadTally:
     tally = LoadTally()
     cpu_at_start: list[float] = []
     loop.call_at(start, lambda: cpu_at_start.append(time.process_time()))
-    request = request_bytes("POST", f"/v1/segments/{spec.segment}", b"x" * spec.body_bytes)
-    await asyncio.gather(*(_closed_loop(c, request, start, stop, tally) for c in conns))
+    body = b"x" * spec.body_bytes
+    targets = [request_bytes("POST", f"/v1/segments/{name}", body) for name in spec.spread or (spec.segment,)]
+    await asyncio.gather(
+        *(_closed_loop(c, targets[i % len(targets)], start, stop, tally) for i, c in enumerate(conns))
+    )
     tally.cpu_s = time.process_time() - cpu_at_start[0]
     return tally
 
