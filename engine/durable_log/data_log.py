@@ -17,7 +17,8 @@ after it are forgotten, and the next write begins where the failed one did.
 
 Calls are blocking. A ``cooperative`` log does only socket I/O (which gevent
 makes cooperative) and is called in place; the others go through
-``run_blocking``.
+``run_blocking``, except ``write`` where ``cooperative_write`` says it only
+waits while another thread does its I/O (the local files' sync rounds).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class DurableDataLog(Protocol):
 
     max_writes_in_flight: int
     cooperative: bool
+    cooperative_write: bool
 
     def recover(self) -> Iterator[Batch]:
         """Yield every whole write still in the log, oldest first; cut off a torn tail."""

@@ -346,7 +346,10 @@ class DurableLog:
         error: OSError | None = None
         took: float | None = None
         try:
-            self._log_call(self.data_log.write, batch.write)
+            if self.data_log.cooperative_write:
+                self.data_log.write(batch.write)
+            else:
+                self._log_call(self.data_log.write, batch.write)
             took = time.monotonic() - batch.started
             self.metrics.tier1_write_seconds.observe(took)
         except OSError as exc:

@@ -19,6 +19,7 @@ class MemoryDataLog:
 
     max_writes_in_flight = 1
     cooperative = False
+    cooperative_write = False
 
     def __init__(self, *, max_frame_bytes: int = 1 << 20, _writes: list[bytes] | None = None):
         self.max_frame_bytes = max_frame_bytes

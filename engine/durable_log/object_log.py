@@ -97,6 +97,7 @@ class ObjectDataLog:
     """One container's Tier 1 log as objects; blocking, one owner (fenced by epoch)."""
 
     cooperative = True
+    cooperative_write = True
 
     def __init__(
         self,

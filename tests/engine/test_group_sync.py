@@ -38,7 +38,7 @@ class SlowSync:
         return 1
 
 
-def test_a_caller_returns_only_after_a_round_that_began_after_its_write() -> None:
+def test_a_caller_returns_only_after_a_sync_that_began_after_its_write() -> None:
     written: set[int] = set()
     fake = SlowSync(written)
     group = GroupSync(fake)
@@ -47,8 +47,7 @@ def test_a_caller_returns_only_after_a_round_that_began_after_its_write() -> Non
     def writer(i: int) -> None:
         for n in range(20):
             key = i * 1000 + n
-            written.add(key)
-            group.sync(i)
+            group.write(lambda key=key, i=i: (written.add(key), i)[1], lambda: None)
             if key not in fake.durable:
                 early.append(key)
 
@@ -64,16 +63,41 @@ def test_a_caller_returns_only_after_a_round_that_began_after_its_write() -> Non
     assert group.rounds < group.writes / 2  # the writers of eight "containers" shared rounds
 
 
+def test_a_round_waits_for_the_writers_of_the_previous_one() -> None:
+    """Two containers woken by one round come back at different times: the next round takes both."""
+
+    def slow_sync(fds: Sequence[int]) -> int:
+        time.sleep(0.003)
+        return 1
+
+    group = GroupSync(slow_sync)
+
+    def writer(delay: float, fd: int) -> None:
+        for _ in range(30):
+            time.sleep(delay)  # the container's own work between two writes
+            group.write(lambda: fd, lambda: None, writer=fd)
+
+    threads = [threading.Thread(target=writer, args=args) for args in ((0.0, 1), (0.001, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    group.close()
+    assert group.writes == 60
+    assert group.rounds <= 40  # alone, the quick writer would start every round without the slow one
+
+
 def test_a_failed_round_fails_every_write_it_covered_and_the_next_round_works() -> None:
     fake = SlowSync(set(), seconds=0.05)
     fake.fail_round = 1
     group = GroupSync(fake)
     outcomes: list[str] = []
+    undone: list[int] = []
     lock = threading.Lock()
 
     def writer(fd: int) -> None:
         try:
-            group.sync(fd)
+            group.write(lambda: fd, lambda: undone.append(fd))
             result = "ok"
         except OSError as exc:
             result = f"error {exc.errno}"
@@ -86,10 +110,40 @@ def test_a_failed_round_fails_every_write_it_covered_and_the_next_round_works() 
         time.sleep(0.001)
     first.join(10)
     assert outcomes == [f"error {errno.EIO}"]
-    group.sync(2)  # the next round works
+    assert undone == [1]  # cut off on the round thread
+    group.write(lambda: 2, lambda: undone.append(2))  # the next round works
+    assert undone == [1]
     group.close()
     with pytest.raises(OSError):
-        group.sync(3)
+        group.write(lambda: 3, lambda: None)
+
+
+def test_a_write_that_fails_fails_alone_and_is_cut_off() -> None:
+    syncs: list[list[int]] = []
+    group = GroupSync(lambda fds: syncs.append(list(fds)) or 1)
+    undone: list[int] = []
+    errors: list[int] = []
+    ready = threading.Barrier(3)
+
+    def failing() -> int:
+        raise OSError(errno.ENOSPC, "full")
+
+    def writer(fd: int) -> None:
+        ready.wait()
+        try:
+            group.write(failing if fd == 7 else (lambda: fd), lambda: undone.append(fd))
+        except OSError as exc:
+            errors.append(exc.errno)
+
+    threads = [threading.Thread(target=writer, args=(fd,)) for fd in (5, 6, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    group.close()
+    assert errors == [errno.ENOSPC]
+    assert undone == [7]
+    assert sorted(fd for fds in syncs for fd in fds) == [5, 6]
 
 
 def test_sync_files_makes_writes_durable_with_one_call_for_a_file_system(tmp_path: Path) -> None:
