@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,17 +59,25 @@ def parse_uuid(text: str, what: str, error: type[SegstoreError]) -> uuid.UUID:
 
 
 def _header(request: Request, name: str) -> str | None:
+    return _environ_header(request.environ, name)
+
+
+def _environ_header(environ: Mapping[str, Any], name: str) -> str | None:
     """A request header straight from the WSGI environ (hot path: no scan of all headers).
 
     A header sent twice arrives joined by a comma, which no parser here accepts.
     """
-    value = request.environ.get("HTTP_" + name.upper().replace("-", "_"))
+    value = environ.get("HTTP_" + name.upper().replace("-", "_"))
     return None if value is None else _strip_ows(value)
 
 
 def int_header(request: Request, name: str, *, minimum: int = 0) -> int | None:
     """An int64 header (``Event-Number``, ``Expected-Offset``, ...), or None when absent."""
-    raw = _header(request, name)
+    return _environ_int_header(request.environ, name, minimum)
+
+
+def _environ_int_header(environ: Mapping[str, Any], name: str, minimum: int = 0) -> int | None:
+    raw = _environ_header(environ, name)
     return None if raw is None else _int_in_range(raw, name, minimum, InvalidHeader)
 
 
@@ -82,19 +91,22 @@ class AppendConditions:
     event_count: int
 
 
-def append_conditions(request: Request) -> AppendConditions:
-    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``."""
-    raw_writer = _header(request, "Writer-Id")
+def append_conditions(environ: Mapping[str, Any]) -> AppendConditions:
+    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``.
+
+    Read from the WSGI environ: the append shortcut has no Flask request.
+    """
+    raw_writer = _environ_header(environ, "Writer-Id")
     writer_id = None if raw_writer is None else parse_uuid(raw_writer, "Writer-Id", InvalidHeader)
-    event_number = int_header(request, "Event-Number")
+    event_number = _environ_int_header(environ, "Event-Number")
     if (writer_id is None) != (event_number is None):
         given, missing = (
             ("Writer-Id", "Event-Number") if writer_id is not None else ("Event-Number", "Writer-Id")
         )
         raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
-    event_count = int_header(request, "Event-Count", minimum=1)
+    event_count = _environ_int_header(environ, "Event-Count", minimum=1)
     return AppendConditions(
-        expected_offset=int_header(request, "Expected-Offset"),
+        expected_offset=_environ_int_header(environ, "Expected-Offset"),
         writer_id=writer_id,
         event_number=event_number,
         event_count=1 if event_count is None else event_count,

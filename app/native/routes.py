@@ -12,7 +12,6 @@ no storage logic lives here.
 from __future__ import annotations
 
 import functools
-import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from werkzeug.routing import BaseConverter, Rule
 from app import auth, ops
 from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
-from app.native import params
+from app.native import appends, params
 from app.native.sse import event_stream_response, wants_event_stream
 from engine import (
     ATTRIBUTES_PER_REQUEST_MAX,
@@ -48,7 +47,7 @@ bp = Blueprint("segments", __name__)
 LIST_LIMIT_DEFAULT = 1000
 LIST_LIMIT_MAX = 10000
 PARTITION_BYTES_DEFAULT = 64 * 1024 * 1024
-_ROUTE = "/v1/segments/{name}"
+_ROUTE = appends.ROUTE
 
 
 class SegmentPathConverter(BaseConverter):
@@ -67,9 +66,13 @@ bp.record_once(lambda state: state.app.url_map.converters.update(segment_path=Se
 
 
 def init_app(app: Flask) -> None:
-    """Register the routes, and the merge source as a name a merge touches (auth judges it)."""
+    """Register the routes, and the merge source as a name a merge touches (auth judges it).
+
+    Plain appends take the WSGI shortcut (``appends.PlainAppend``) in front of Flask.
+    """
     app.register_blueprint(bp)
     auth.add_touches(app, "/v1/segments/", _merge_touches)
+    app.wsgi_app = appends.PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
 def _merge_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
@@ -124,7 +127,7 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
     ``append_to(data, expected_offset=, writer_id=, event_number=, event_count=)``
     is ``SegmentStore.append`` or ``append_transaction`` with the segment bound.
     """
-    conditions = params.append_conditions(request)
+    conditions = params.append_conditions(request.environ)
     data = read_body(
         request.stream, request.content_length, store().settings.max_append_bytes, "append body"
     )
@@ -137,19 +140,9 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
         event_number=conditions.event_number,
         event_count=conditions.event_count,
     )
-    headers = segment_headers(result.info)
-    if result.duplicate:
-        headers["Segment-Duplicate"] = "true"
-        body = {
-            "duplicate": True,
-            "event_number": result.event_number,
-            "length": result.info.length,
-        }
-    else:
-        headers["Segment-Offset"] = str(result.offset)
-        body = {"offset": result.offset, "length": result.info.length}
+    headers, body = appends.append_answer(result)
     # The hot path: a direct Response is measurably cheaper than jsonify().
-    return Response(json.dumps(body, separators=(",", ":")), headers=headers, mimetype="application/json")
+    return Response(body, headers=headers, mimetype="application/json")
 
 
 def append(name: str) -> Response:

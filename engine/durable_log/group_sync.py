@@ -105,10 +105,10 @@ class GroupSync:
     on the same thread, and its caller gets the OSError.
 
     A round begins once every writer of the previous round has handed over
-    its next write, or after a linger (at most the time a sync takes, and
-    ``MAX_LINGER_S``): writers woken together by one round come back
-    together, so the next round covers them all instead of the first one
-    alone. A lone writer never lingers: it is the whole previous round.
+    its next write, or after a linger of ``MAX_LINGER_S``: writers woken
+    together by one round come back together, so the next round covers them
+    all instead of the first one alone. A lone writer never lingers: it is
+    the whole previous round; a writer that stopped costs one linger.
     """
 
     def __init__(self, sync: Callable[[Sequence[int]], int] = sync_files) -> None:
@@ -121,7 +121,6 @@ class GroupSync:
         self._joined.acquire()
         self._gathering = False
         self._expected: set[int] = set()  # the writers of the previous round
-        self._sync_s = 0.0  # moving average of a sync's duration
         self._started = False
         self._closed = False
         self.rounds = 0  # rounds run
@@ -170,7 +169,7 @@ class GroupSync:
 
     def _gather(self) -> None:
         """Wait until the previous round's writers all joined the next round, or the linger ends."""
-        deadline = _monotonic() + min(self._sync_s, MAX_LINGER_S)
+        deadline = _monotonic() + MAX_LINGER_S
         while True:
             with self._lock:
                 current = self._round
@@ -193,10 +192,8 @@ class GroupSync:
                 if fd not in fds:
                     fds.append(fd)
         if fds:
-            began = _monotonic()
             try:
                 self.syncs += self._sync(fds)
-                self._sync_s += 0.2 * (_monotonic() - began - self._sync_s)
             except Exception as exc:
                 error = _as_os_error(exc)
                 for job in jobs:

@@ -1,0 +1,107 @@
+"""An append's answer, and the native append shortcut: plain appends answered in WSGI, in front of Flask.
+
+An append (``POST /v1/segments/{name}`` with a body and a Content-Length) is
+the hot path of the native API. ``PlainAppend`` serves it without Flask's
+request, context, routing and response objects, which cost more than the
+append itself (the stream surface's shortcut measured the same). Its
+conditions (``Expected-Offset``, ``Writer-Id`` + ``Event-Number``,
+``Event-Count``) are read by the same parser as the view's, its answer is
+rendered by the same ``append_answer``, and its errors by Flask's handlers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from flask import Flask
+
+from app import inputs, ops
+from app.auth import AuthConfig
+from app.errors import segment_headers
+from app.native import params
+from engine import AppendResult, InvalidArgument, SegmentStore, SegstoreError, validate_segment_name
+
+ROUTE = "/v1/segments/{name}"
+_PREFIX = "/v1/segments/"
+
+
+def append_answer(result: AppendResult) -> tuple[dict[str, str], bytes]:
+    """The headers and JSON body of an append's answer (200), for the view and the shortcut."""
+    headers = segment_headers(result.info)
+    if result.duplicate:
+        headers["Segment-Duplicate"] = "true"
+        body = {"duplicate": True, "event_number": result.event_number, "length": result.info.length}
+    else:
+        headers["Segment-Offset"] = str(result.offset)
+        body = {"offset": result.offset, "length": result.info.length}
+    return headers, json.dumps(body, separators=(",", ":")).encode()
+
+
+class PlainAppend:
+    """WSGI shortcut for ``POST /v1/segments/{name}`` with a Content-Length body and no query.
+
+    Anything else (custom methods such as ``:seal``, a query string, chunked
+    bodies, native auth, paths that are not UTF-8) goes to Flask untouched.
+    No Flask hook runs for a shortcut append: a ``before_request`` that
+    matters to appends must be added here too (today: UTF-8 paths, and auth,
+    for which the shortcut steps aside).
+    """
+
+    def __init__(self, app: Flask, wsgi_app: Any) -> None:
+        self.app = app
+        self.wsgi_app = wsgi_app
+        self.store: SegmentStore = app.extensions["segstore"]
+        self.max_bytes: int = self.store.settings.max_append_bytes
+        self.auth: AuthConfig = app.extensions["segstore.auth"]
+
+    def _plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
+        """(segment name, body length) of a plain append, else None."""
+        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled:
+            return None
+        path: str = environ.get("PATH_INFO", "")
+        if not path.startswith(_PREFIX) or len(path) == len(_PREFIX) or ":" in path:
+            return None
+        if environ.get("QUERY_STRING") or "HTTP_TRANSFER_ENCODING" in environ:
+            return None
+        length = environ.get("CONTENT_LENGTH", "")
+        if not length.isdigit() or not 0 < int(length) <= self.max_bytes or not inputs.path_is_utf8(environ):
+            return None
+        return path[len(_PREFIX) :].encode("latin-1").decode("utf-8"), int(length)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        plain = self._plain(environ)
+        if plain is None:
+            return self.wsgi_app(environ, start_response)
+        name, length = plain
+        environ[ops.ROUTE_KEY] = ROUTE
+        try:
+            validate_segment_name(name)
+            conditions = params.append_conditions(environ)
+            body = environ["wsgi.input"].read(length)
+            if len(body) != length:
+                raise InvalidArgument(f"the body ended after {len(body)} of its {length} bytes")
+            result = self.store.append(
+                name,
+                body,
+                expected_offset=conditions.expected_offset,
+                writer_id=conditions.writer_id,
+                event_number=conditions.event_number,
+                event_count=conditions.event_count,
+            )
+        except SegstoreError as err:
+            with self.app.request_context(environ):
+                response = self.app.make_response(self.app.handle_user_exception(err))
+                response = self.app.process_response(response)
+            return response(environ, start_response)
+        headers, answer = append_answer(result)
+        start_response(
+            "200 OK",
+            [
+                *headers.items(),
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(answer))),
+            ],
+        )
+        return [answer]
