@@ -128,6 +128,10 @@ class SegmentClient:
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        # Proxy and TLS settings from the environment are read once per node, not on every request
+        # (requests would scan os.environ each time: a tenth of a small append's client CPU).
+        self.session.trust_env = False
+        self._environment: dict[str, dict[str, Any]] = {}
         adapter = HTTPAdapter(pool_connections=4, pool_maxsize=32)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
@@ -172,7 +176,9 @@ class SegmentClient:
             last = attempt == self.retries
             base = self._routes.get(segment, self.endpoint) if segment else self.endpoint
             try:
-                response = self.session.request(method, base + path, timeout=timeout, **kwargs)
+                response = self.session.request(
+                    method, base + path, timeout=timeout, **self._environment_of(base), **kwargs
+                )
             except (requests.ConnectionError, requests.Timeout):
                 if base != self.endpoint:
                     self._routes.pop(segment, None)
@@ -190,6 +196,15 @@ class SegmentClient:
                 continue
             raise error_from_response(response)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _environment_of(self, base: str) -> dict[str, Any]:
+        """The proxies, CA bundle and client certificate the environment names for ``base``."""
+        found = self._environment.get(base)
+        if found is None:
+            with requests.Session() as reader:  # trust_env: reads the environment as requests does
+                merged = reader.merge_environment_settings(base, {}, None, None, None)
+            found = self._environment[base] = {k: merged[k] for k in ("proxies", "verify", "cert")}
+        return found
 
     def route(self, name: str) -> str:
         """The node URL this client sends ``name``'s requests to (the endpoint until it learns better)."""
@@ -210,7 +225,9 @@ class SegmentClient:
 
     def _refresh_nodes(self) -> None:
         try:
-            answer = self.session.get(self.endpoint + "/v1/cluster", timeout=self.timeout_s)
+            answer = self.session.get(
+                self.endpoint + "/v1/cluster", timeout=self.timeout_s, **self._environment_of(self.endpoint)
+            )
             nodes = answer.json().get("nodes", []) if answer.status_code == 200 else []
         except (requests.RequestException, ValueError):
             return

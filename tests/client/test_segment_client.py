@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -12,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from bench.servers import ServerProcess
 from client import errors
 from client.segment_client import SegmentClient, segment_path
 from tests.client.conftest import MAX_APPEND_BYTES
@@ -219,3 +221,21 @@ def test_connection_error_resends_only_safe_appends(stub: tuple[str, type[_Stub]
         result = client.append("a/b", b"x", writer_id=uuid.uuid4(), event_number=1)
     assert (result.offset, result.length) == (0, 1)
     assert len(handler.arrivals) == 2
+
+
+def test_proxies_named_by_the_environment_are_used(
+    server: ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment is read once per node, not per request, but still read: a proxy it names is used."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("HTTP_PROXY", dead_proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with SegmentClient(server.url, retries=0) as proxied, pytest.raises(requests.ConnectionError):
+        proxied.create(name)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with SegmentClient(server.url, retries=0) as direct:
+        direct.create(name)
+        assert direct.append(name, b"x").offset == 0
