@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -164,3 +165,11 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(SegstoreError, render_segstore_error)
     app.register_error_handler(HTTPException, render_http_exception)
     app.register_error_handler(Exception, render_unexpected)
+
+
+def rendered_in_flask(app: Flask, environ: dict[str, Any], start_response: Any, err: SegstoreError) -> Any:
+    """Answer ``err`` of a request a WSGI shortcut served, as Flask's handlers would have."""
+    with app.request_context(environ):
+        response = app.make_response(app.handle_user_exception(err))
+        response = app.process_response(response)
+    return response(environ, start_response)

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 from flask import request
 
-from engine import InvalidName, PayloadTooLarge, SegstoreError
+from engine import InvalidArgument, InvalidName, PayloadTooLarge, SegstoreError
 
 _READ_PIECE_BYTES = 64 * 1024
 
@@ -62,3 +62,22 @@ def read_body(
     if total > max_bytes:
         raise too_large(f"{what} is over the limit of {max_bytes} bytes")
     return b"".join(pieces)
+
+
+def plain_body_length(environ: dict[str, Any], max_bytes: int) -> int | None:
+    """The Content-Length of a body a WSGI shortcut may read whole (1 to ``max_bytes``), else None.
+
+    None as well for a chunked body or a path that is not UTF-8: Flask's views judge those.
+    """
+    length = environ.get("CONTENT_LENGTH", "")
+    if "HTTP_TRANSFER_ENCODING" in environ or not length.isdigit() or not path_is_utf8(environ):
+        return None
+    return int(length) if 0 < int(length) <= max_bytes else None
+
+
+def exact_body(environ: dict[str, Any], length: int) -> bytes:
+    """The ``length`` bytes of a request body (InvalidArgument when it ends early)."""
+    body = environ["wsgi.input"].read(length)
+    if len(body) != length:
+        raise InvalidArgument(f"the body ended after {len(body)} of its {length} bytes")
+    return body

@@ -19,9 +19,9 @@ from flask import Flask
 
 from app import inputs, ops
 from app.auth import AuthConfig
-from app.errors import segment_headers
+from app.errors import rendered_in_flask, segment_headers
 from app.native import params
-from engine import AppendResult, InvalidArgument, SegmentStore, SegstoreError, validate_segment_name
+from engine import AppendResult, SegmentStore, SegstoreError, validate_segment_name
 
 ROUTE = "/v1/segments/{name}"
 _PREFIX = "/v1/segments/"
@@ -58,17 +58,13 @@ class PlainAppend:
 
     def _plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
         """(segment name, body length) of a plain append, else None."""
-        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled:
+        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled or environ.get("QUERY_STRING"):
             return None
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(_PREFIX) or len(path) == len(_PREFIX) or ":" in path:
             return None
-        if environ.get("QUERY_STRING") or "HTTP_TRANSFER_ENCODING" in environ:
-            return None
-        length = environ.get("CONTENT_LENGTH", "")
-        if not length.isdigit() or not 0 < int(length) <= self.max_bytes or not inputs.path_is_utf8(environ):
-            return None
-        return path[len(_PREFIX) :].encode("latin-1").decode("utf-8"), int(length)
+        length = inputs.plain_body_length(environ, self.max_bytes)
+        return None if length is None else (path[len(_PREFIX) :].encode("latin-1").decode("utf-8"), length)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         plain = self._plain(environ)
@@ -79,29 +75,19 @@ class PlainAppend:
         try:
             validate_segment_name(name)
             conditions = params.append_conditions(environ)
-            body = environ["wsgi.input"].read(length)
-            if len(body) != length:
-                raise InvalidArgument(f"the body ended after {len(body)} of its {length} bytes")
             result = self.store.append(
                 name,
-                body,
+                inputs.exact_body(environ, length),
                 expected_offset=conditions.expected_offset,
                 writer_id=conditions.writer_id,
                 event_number=conditions.event_number,
                 event_count=conditions.event_count,
             )
         except SegstoreError as err:
-            with self.app.request_context(environ):
-                response = self.app.make_response(self.app.handle_user_exception(err))
-                response = self.app.process_response(response)
-            return response(environ, start_response)
+            return rendered_in_flask(self.app, environ, start_response, err)
         headers, answer = append_answer(result)
         start_response(
             "200 OK",
-            [
-                *headers.items(),
-                ("Content-Type", "application/json"),
-                ("Content-Length", str(len(answer))),
-            ],
+            [*headers.items(), ("Content-Type", "application/json"), ("Content-Length", str(len(answer)))],
         )
         return [answer]

@@ -14,9 +14,10 @@ from flask import Flask
 
 from app import inputs, ops
 from app.auth import AuthConfig
+from app.errors import rendered_in_flask
 from app.streams.protocol import CORS_HEADERS, PREFIX
 from app.streams.store import StreamStore
-from engine import InvalidArgument, SegstoreError
+from engine import SegstoreError
 
 _ROUTE = "/v1/stream/<stream_path:name>"
 # Headers that make an append more than a plain one: Flask serves those.
@@ -26,7 +27,6 @@ _NOT_PLAIN = (
     "HTTP_PRODUCER_SEQ",
     "HTTP_STREAM_SEQ",
     "HTTP_STREAM_CLOSED",
-    "HTTP_TRANSFER_ENCODING",
 )
 _APPENDED_HEADERS = list(CORS_HEADERS.items())
 
@@ -61,10 +61,8 @@ class PlainAppend:
             return None
         if not environ.get("CONTENT_TYPE") or any(key in environ for key in _NOT_PLAIN):
             return None
-        length = environ.get("CONTENT_LENGTH", "")
-        if not length.isdigit() or not 0 < int(length) <= self.max_bytes or not inputs.path_is_utf8(environ):
-            return None
-        return path[len(PREFIX) :].encode("latin-1").decode("utf-8"), int(length)
+        length = inputs.plain_body_length(environ, self.max_bytes)
+        return None if length is None else (path[len(PREFIX) :].encode("latin-1").decode("utf-8"), length)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         plain = self._plain(environ)
@@ -73,16 +71,9 @@ class PlainAppend:
         name, length = plain
         environ[ops.ROUTE_KEY] = _ROUTE
         try:
-            body = environ["wsgi.input"].read(length)
-            if len(body) != length:
-                raise InvalidArgument(f"the body ended after {len(body)} of its {length} bytes")
+            body = inputs.exact_body(environ, length)
             outcome = self.streams.append(name, body, content_type=environ["CONTENT_TYPE"])
         except SegstoreError as err:
-            with self.app.request_context(environ):
-                response = self.app.make_response(self.app.handle_user_exception(err))
-                response = self.app.process_response(response)
-            return response(environ, start_response)
+            return rendered_in_flask(self.app, environ, start_response, err)
         start_response("204 NO CONTENT", [("Stream-Next-Offset", outcome.next_offset), *_APPENDED_HEADERS])
         return []
-
-

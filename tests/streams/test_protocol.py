@@ -7,6 +7,7 @@ import base64
 import json
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -15,7 +16,8 @@ from flask.testing import FlaskClient
 
 from app.streams.producers import producer_keys
 from app.streams.store import StreamStore
-from engine import STREAM_DATA_PREFIX, STREAM_META_PREFIX, SegmentStore, stream_meta_segment
+from engine import STREAM_DATA_PREFIX, STREAM_META_PREFIX, SegmentStore, Settings, stream_meta_segment
+from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"
 
@@ -233,9 +235,16 @@ def test_sse_binary_is_base64_and_text_keeps_lines(client: FlaskClient) -> None:
     assert json.loads(events[-1][1])["streamClosed"] is True
 
 
-def test_a_fork_shares_its_sources_flushed_bytes_and_copies_only_the_unflushed(
-    client: FlaskClient, store: SegmentStore, streams: StreamStore
-) -> None:
+def test_a_fork_shares_its_sources_flushed_bytes_and_copies_only_the_unflushed(settings: Settings) -> None:
+    # Tier 2 flushes only when told to here: which bytes a fork shares must not depend on timing.
+    app = open_app(replace(settings, flush_threshold_ms=3_600_000))
+    try:
+        _fork_shares_flushed_bytes(app.test_client(), app.extensions["segstore"], app.extensions["streams"])
+    finally:
+        close_app(app)
+
+
+def _fork_shares_flushed_bytes(client: FlaskClient, store: SegmentStore, streams: StreamStore) -> None:
     put(client, "src", "AB")
     middle = post(client, "src", "CD").headers["Stream-Next-Offset"]
     store.flush()
