@@ -16,6 +16,9 @@ from __future__ import annotations
 from flask import Flask, Response
 
 from app import auth, chunked_body, errors, forwarding, inputs, native, ops, s3, streams
+from app.native import subject as native_subject
+from app.s3 import subject as s3_subject
+from app.streams import subject as streams_subject
 from engine import SegmentStore, Settings, load_settings
 
 
@@ -36,8 +39,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)
-    # A cluster node passes native requests for containers it does not serve to their node.
-    app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store)  # type: ignore[method-assign]
+    # A cluster node passes a request whose subject's container it does not serve to its node,
+    # before the stream append shortcut (installed by streams.init_app, inside this layer).
+    subjects = [native_subject.request_subject, streams_subject.request_subject, s3_subject.request_subject]
+    app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store, subjects)  # type: ignore[method-assign]
     # Around every reader of a body (the stream append shortcut takes no chunked one).
     chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
     app.wsgi_app = chunked_body.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]

@@ -1,75 +1,103 @@
-"""Forwarding a native request to the node that serves its segment's container, streamed both ways.
+"""Forwarding a request to the node that serves its subject's container, streamed both ways.
 
-In a cluster (docs/cluster.md) any node answers a native segment request
-(``/v1/segments/{name}...``): a node that does not serve the container of
-``name`` passes the request on to the node that does, as it came (method,
-raw path and query, headers, the body as it arrives), and streams the
-answer back as it comes, long-polls and SSE included. Answers name the
-serving node in ``Segment-Owner``. A forwarded request carries
-``Segstore-Forwarded`` and is never forwarded again: the receiver answers it
-itself (503 ``ContainerNotReady`` if the container moved meanwhile).
+In a cluster (docs/cluster.md) any node answers any request. Each surface
+maps a request to its subject, the segment whose container holds all it
+touches (``request_subject`` of ``app.native``, ``app.streams``,
+``app.s3``). A node that does not serve that container passes the request
+on to the node that does, as it came (method, raw path and query, headers
+with the client's ``Host``, the body as it arrives: a Signature V4 still
+verifies there), and streams the answer back as it comes, long-polls and
+SSE included. Answers name the serving node in ``Segment-Owner``. A
+forwarded request carries ``Segstore-Forwarded`` and is never forwarded
+again: the receiver answers it itself (503 ``ContainerNotReady`` if the
+container moved meanwhile).
 
-The S3 and Durable Streams surfaces are not forwarded yet: their state
-lives in segments that may hash to other containers than the one named.
+While no node serves the container (its owner is unknown, unreachable or
+its lease lapsed; or this node won it and is recovering it), the request
+waits up to ``takeover_wait_s`` for one to, without reading its body; then
+the surface answers it (503 with ``Retry-After`` if still nobody serves).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import requests
+from urllib3.exceptions import NewConnectionError
 
-from engine import SegmentStore
+from app.errors import render_segstore_error
+from engine import ContainerNotReady, SegmentStore, container_for
 
 FORWARDED = "Segstore-Forwarded"
 OWNER = "Segment-Owner"
 _FORWARDED_KEY = "HTTP_SEGSTORE_FORWARDED"
-_PREFIX = "/v1/segments/"
 # RFC 9110 7.6.1: these describe one connection and are not passed on (lengths are re-derived).
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
+    "transfer-encoding", "upgrade", "content-length",
 })
+# Host stays: a signature covers it. Expect was answered here (gunicorn sends 100 Continue).
+_NOT_PASSED_ON = _HOP_BY_HOP | {"expect"}
 _PIECE_BYTES = 64 * 1024
+_CONNECT_S = 5.0
+# How often a waiting request looks at the cluster view again.
+_POLL_S = 0.1
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+Subject = Callable[[dict[str, Any]], "str | None"]
+
+
+class _Unreachable(Exception):
+    """The owner refused or timed out the connection: nothing of the request was sent."""
 
 
 class Forwarding:
-    """WSGI middleware: a native request for a segment served elsewhere goes to its node."""
+    """WSGI middleware: a request whose subject's container is served elsewhere goes to its node."""
 
-    def __init__(self, app: WsgiApp, store: SegmentStore) -> None:
+    def __init__(self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject]) -> None:
         self.app = app
         self.store = store
+        self.subjects = tuple(subjects)
         self.http = requests.Session()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        owner = None if environ.get(_FORWARDED_KEY) else self._owner(environ)
-        if owner is None:
-            return self.app(environ, start_response)
-        return self._forward(environ, start_response, *owner)
-
-    def _owner(self, environ: dict[str, Any]) -> tuple[str, str] | None:
         if self.store.node is None:
-            return None
-        raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
-        path = raw.split("?", 1)[0]
-        if not path.startswith(_PREFIX):
-            return None
-        try:
-            name = unquote_to_bytes(path[len(_PREFIX):]).decode("utf-8").partition(":")[0]
-        except UnicodeDecodeError:
-            return None  # refused where it is served
-        if not name:
-            return None
-        return self.store.owner_of(name)
+            return self.app(environ, start_response)
+        subject = self._subject(environ)
+        if subject is None:
+            return self.app(environ, start_response)
+        forwarded = bool(environ.get(_FORWARDED_KEY))
+        container = container_for(subject, self.store.settings.container_count)
+        deadline = time.monotonic() + self.store.settings.takeover_wait_s
+        while True:
+            if self.store.container_ready(container):
+                return self.app(environ, start_response)
+            owner = self.store.owner_of(subject)
+            if owner is not None and forwarded:
+                return self.app(environ, start_response)  # never a second hop: 503 naming the owner
+            if owner is not None:
+                try:
+                    return self._forward(environ, start_response, *owner, deadline)
+                except _Unreachable:
+                    pass  # gone, or paused: wait for its lease to move
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.app(environ, start_response)  # the surface answers 503 with Retry-After
+            time.sleep(min(_POLL_S, left))
+
+    def _subject(self, environ: dict[str, Any]) -> str | None:
+        for subject_of in self.subjects:
+            subject = subject_of(environ)
+            if subject is not None:
+                return subject
+        return None
 
     def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any],
-                 node: str, base: str) -> Iterable[bytes]:
+                 node: str, base: str, deadline: float) -> Iterable[bytes]:
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
-        headers = {name: value for name, value in _headers(environ) if name.lower() not in _HOP_BY_HOP}
+        headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
         headers[FORWARDED] = self.store.settings.node_id
         length = environ.get("CONTENT_LENGTH")
         body: Iterable[bytes] | None = None
@@ -77,20 +105,29 @@ class Forwarding:
             body = _Sized(_body(environ["wsgi.input"], int(length)), int(length))
         elif "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             body = _body(environ["wsgi.input"], None)  # passed on chunked, as it came
+        prepared = requests.Request(environ["REQUEST_METHOD"], base, headers=headers, data=body).prepare()
+        prepared.url = base + raw  # byte for byte: requests would requote the path and query
+        connect_s = min(_CONNECT_S, max(deadline - time.monotonic(), _POLL_S))
         try:
-            answer = self.http.request(
-                environ["REQUEST_METHOD"], base + raw, headers=headers, data=body,
-                stream=True, allow_redirects=False, timeout=(5, None),
-            )
-        except requests.RequestException:
-            # The owner is gone: this node answers (503 until the container has moved).
-            return self.app(environ, start_response)
+            answer = self.http.send(prepared, stream=True, allow_redirects=False, timeout=(connect_s, None))
+        except (requests.ConnectTimeout, requests.ConnectionError) as err:
+            if isinstance(err, requests.ConnectTimeout) or _refused(err):
+                raise _Unreachable from err
+            # Sent, maybe in part, maybe acted on: only the client may try it again.
+            refusal = ContainerNotReady(f"node {node} serving the container failed during the request")
+            return render_segstore_error(refusal)(environ, start_response)
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
         out.append((OWNER, node))
         start_response(f"{answer.status_code} {answer.reason}", out)
         return _streamed(answer)
+
+
+def _refused(err: requests.ConnectionError) -> bool:
+    """Whether the connection itself failed (nothing was sent), not the request on it."""
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(reason, NewConnectionError)
 
 
 def _headers(environ: dict[str, Any]) -> Iterator[tuple[str, str]]:

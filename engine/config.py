@@ -41,6 +41,9 @@ class Settings:
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
+    # A cluster node holds a request whose container no node serves yet (a takeover) this long
+    # before it answers 503 with Retry-After.
+    takeover_wait_s: float = 5.0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -123,6 +126,8 @@ class Settings:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
         if self.lease_s < 1:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
+        if self.takeover_wait_s < 0:
+            raise InvalidArgument(f"setting takeover_wait_s must not be negative, got {self.takeover_wait_s}")
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
             raise InvalidArgument(

@@ -143,12 +143,17 @@ def require_bucket(store: SegmentStore, bucket: str) -> SegmentInfo:
     ``..``), so a bucket made before the other rules (``a.-b``,
     ``192.168.5.4``) can still be listed, emptied and deleted.
     """
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+    if not bucket_shaped(bucket):
         raise S3Error("NoSuchBucket", "The specified bucket does not exist")
     try:
         return store.info(bucket_marker(bucket))
     except SegmentNotFound:
         raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
+
+
+def bucket_shaped(bucket: str) -> bool:
+    """Whether ``bucket`` has the shape every bucket name has had (a lookup of any other is 404)."""
+    return _BUCKET.fullmatch(bucket) is not None and ".." not in bucket
 
 
 def derived_etag(info: SegmentInfo) -> str:
