@@ -265,9 +265,12 @@ class SegmentStore:
 
         Two segments of one container merge as metadata only; across containers
         a merge copies the bytes, so a caller staging data for a merge picks a
-        name in its target's container.
+        name in its target's container. On a cluster node it answers for
+        containers other nodes serve too.
         """
-        return self._container(name).container_id
+        validate_name(name)
+        count = self.settings.container_count if self._node is not None else len(self._by_id)
+        return container_for(name, count)
 
     # --------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None = None) -> SegmentInfo:

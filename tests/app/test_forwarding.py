@@ -1,0 +1,172 @@
+"""What a cluster node forwards where: each surface's request subject, and the bounded wait in a takeover.
+
+No processes: the subjects are read from WSGI environs, and ``Forwarding``
+runs over a stand-in store whose cluster view the test sets. Requests that
+really travel between nodes are in tests/test_cluster_surfaces.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import pytest
+from werkzeug.test import create_environ
+
+from app.forwarding import Forwarding
+from app.native.subject import request_subject as native_subject
+from app.s3 import objects
+from app.s3.subject import request_subject as s3_subject
+from app.streams.subject import request_subject as streams_subject
+from engine import Settings, stream_data_segment, stream_meta_segment
+from engine.naming import container_for
+
+SUBJECTS = [native_subject, streams_subject, s3_subject]
+
+
+def environ(path: str, method: str = "GET", **headers: str) -> dict[str, Any]:
+    """A WSGI environ as gunicorn builds it: ``PATH_INFO`` holds the path's bytes as latin-1."""
+    env = create_environ(path, method=method, headers=headers)
+    env["PATH_INFO"] = unquote_to_bytes(path.partition("?")[0]).decode("latin-1")
+    return env
+
+
+@pytest.mark.parametrize(
+    ("path", "subject"),
+    [
+        ("/v1/segments/plain", "plain"),
+        ("/v1/segments/a%2Fb/c:seal", "a/b/c"),
+        ("/v1/segments/caf%C3%A9?offset=3", "café"),
+        ("/v1/segments", None),
+        ("/v1/segments/%FF", None),
+        ("/v1/stream/x", None),
+        ("/bucket/key", None),
+    ],
+)
+def test_a_native_request_is_about_the_segment_it_names(path: str, subject: str | None) -> None:
+    assert native_subject(environ(path)) == subject
+
+
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [
+        ("/v1/stream/events", "events"),
+        ("/v1/stream/a/b%20c?offset=-1&live=sse", "a/b c"),
+        ("/v1/stream/", None),
+        ("/v1/stream/a//b", None),
+        ("/v1/stream/%FF", None),
+        ("/v1/segments/events", None),
+    ],
+)
+def test_a_stream_request_is_about_its_meta_segment(path: str, stream: str | None) -> None:
+    expected = None if stream is None else stream_meta_segment(stream)
+    assert streams_subject(environ(path, "POST")) == expected
+
+
+def test_a_stream_and_its_data_segment_share_the_subjects_container() -> None:
+    meta = streams_subject(environ("/v1/stream/orders"))
+    assert meta is not None
+    # Creation draws the data segment's incarnation until it lands beside the meta segment.
+    data = next(
+        d
+        for d in (stream_data_segment("orders", f"i{n}") for n in range(100))
+        if container_for(d, 4) == container_for(meta, 4)
+    )
+    assert container_for(data, 4) == container_for(meta, 4)
+
+
+@pytest.mark.parametrize(
+    ("path", "subject"),
+    [
+        ("/bkt/dir/a%20b.txt", "bkt/dir/a b.txt"),
+        ("/bkt/k?uploadId=abc&partNumber=2", "bkt/k"),
+        ("/bkt/k?tagging", "bkt/k"),
+        ("/bkt", objects.bucket_marker("bkt")),
+        ("/bkt/", objects.bucket_marker("bkt")),
+        ("/bkt?list-type=2&prefix=a/", objects.bucket_marker("bkt")),
+        ("/", None),
+        ("/v1", None),
+        ("/metrics", None),
+        ("/healthz", None),
+        ("/Bad_Bucket/k", None),
+        ("/a..b/k", None),
+        ("/bkt/a%23b", None),
+        ("/bkt/%FF", None),
+    ],
+)
+def test_an_s3_request_is_about_its_object_or_its_bucket(path: str, subject: str | None) -> None:
+    assert s3_subject(environ(path, "PUT")) == subject
+
+
+def test_an_objects_record_and_its_bucket_marker_hash_as_the_subjects_do() -> None:
+    record = objects.record_name("bkt/dir/key")
+    assert record is not None and container_for(record, 7) == container_for("bkt/dir/key", 7)
+    assert container_for(objects.bucket_marker("bkt"), 7) == container_for("bkt", 7)
+
+
+class FakeStore:
+    """The parts of a cluster node's store ``Forwarding`` reads; ``ready_at`` is when it serves."""
+
+    def __init__(self, *, wait_s: float, ready_at: float | None, node: object | None = True) -> None:
+        self.node = node
+        self.settings = Settings(container_count=4, takeover_wait_s=wait_s)
+        self.ready_at = ready_at
+        self.owner: tuple[str, str] | None = None
+
+    def container_ready(self, container: int) -> bool:
+        return self.ready_at is not None and time.monotonic() >= self.ready_at
+
+    def owner_of(self, name: str) -> tuple[str, str] | None:
+        return self.owner
+
+
+def run(store: FakeStore, env: dict[str, Any]) -> tuple[list[str], float]:
+    """Call the middleware over an app that records that it answered; returns (answers, seconds)."""
+    answered: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        answered.append(environ["PATH_INFO"])
+        start_response("200 OK", [])
+        return [b""]
+
+    started = time.monotonic()
+    Forwarding(app, store, SUBJECTS)(env, lambda status, headers: None)  # type: ignore[arg-type]
+    return answered, time.monotonic() - started
+
+
+def test_a_single_node_answers_at_once_without_reading_the_path() -> None:
+    def no_subject(environ: dict[str, Any]) -> str | None:
+        raise AssertionError("a single node maps no subject")
+
+    answered: list[str] = []
+    store = FakeStore(wait_s=5, ready_at=None, node=None)
+    middleware = Forwarding(lambda e, s: answered.append(e["PATH_INFO"]) or [], store, [no_subject])  # type: ignore[arg-type]
+    middleware(environ("/v1/segments/x"), lambda status, headers: None)
+    assert answered == ["/v1/segments/x"]
+
+
+def test_a_request_waits_for_its_container_then_is_served() -> None:
+    store = FakeStore(wait_s=5, ready_at=time.monotonic() + 0.3)
+    answered, took = run(store, environ("/v1/stream/s", "POST"))
+    assert answered == ["/v1/stream/s"] and 0.3 <= took < 3
+
+
+def test_past_the_bound_the_surface_answers_it() -> None:
+    store = FakeStore(wait_s=0.2, ready_at=None)  # no node serves it: the app raises 503 itself
+    answered, took = run(store, environ("/bkt/k", "PUT"))
+    assert answered == ["/bkt/k"] and 0.2 <= took < 2
+
+
+def test_a_forwarded_request_for_a_container_served_elsewhere_is_answered_at_once() -> None:
+    store = FakeStore(wait_s=5, ready_at=None)
+    store.owner = ("a", "http://127.0.0.1:9")
+    answered, took = run(store, environ("/v1/segments/x", Segstore_Forwarded="b"))
+    assert answered == ["/v1/segments/x"] and took < 1
+
+
+def test_requests_without_a_subject_are_answered_where_they_arrive() -> None:
+    store = FakeStore(wait_s=5, ready_at=None)
+    for path in ("/", "/v1/segments", "/v1/cluster", "/metrics"):
+        answered, took = run(store, environ(path))
+        assert answered == [path] and took < 1

@@ -1,0 +1,238 @@
+"""S3 and Durable Streams through a cluster node that does not serve the request's container.
+
+Two real nodes share a bucket on moto. A request is sent to the node that
+does not serve the container of its subject (an object's segment, a
+bucket's marker, a stream's meta segment): it is forwarded to the node that
+does, with its Host header and raw path (Signature V4 verifies there), and
+the answer comes back streamed with ``Segment-Owner``. During a takeover a
+request waits up to ``takeover_wait_s`` for the new owner, then 503.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import requests
+from botocore.config import Config
+
+from bench.servers import ServerProcess, cluster_node_env, free_port
+from engine import stream_meta_segment
+from engine.naming import container_for, s3_state_name
+from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners, wait_for
+
+pytestmark = pytest.mark.slow
+
+ACCESS_KEY = "AKIDCLUSTERTEST"
+SECRET_KEY = "cluster-test-secret"
+AWS = str(Path(sys.executable).parent / "aws")
+MiB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def cluster(
+    root: Path, endpoint: str, bucket: str, takeover_wait_s: float
+) -> Iterator[dict[str, ServerProcess]]:
+    """Nodes a and b on one bucket, each serving two of the four containers."""
+    ports = {"a": free_port(), "b": free_port()}
+    servers = {}
+    for node, port in ports.items():
+        env = cluster_node_env(node, port, endpoint, bucket, lease_s=LEASE_S, containers=CONTAINERS)
+        env["SEGSTORE_S3_KEYS"] = f"{ACCESS_KEY}:{SECRET_KEY}"
+        env["SEGSTORE_TAKEOVER_WAIT_S"] = str(takeover_wait_s)
+        servers[node] = ServerProcess(root / node, port=port, env=env)
+    try:
+        for server in servers.values():
+            server.start()
+        a = servers["a"].url
+        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        for server in servers.values():
+            wait_for(lambda s=server: requests.get(f"{s.url}/healthz", timeout=TIMEOUT_S).ok, 30, "recovered")
+        yield servers
+    finally:
+        for server in servers.values():
+            server.kill()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
+    with cluster(tmp_path, moto_endpoint, s3_bucket, takeover_wait_s=5.0) as servers:
+        yield servers
+
+
+def served_by(url: str, node: str) -> Callable[[str], bool]:
+    """Whether a segment name's container is served by ``node`` (in ``url``'s view)."""
+    map_ = owners(url)
+    return lambda name: map_[container_for(name, CONTAINERS)] == node
+
+
+def pick(prefix: str, ok: Callable[[str], bool]) -> str:
+    return next(n for n in (f"{prefix}{i}" for i in range(1000)) if ok(n))
+
+
+def s3_client(url: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )
+
+
+def test_s3_through_a_node_that_does_not_serve_the_object(
+    nodes: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    a, b = nodes["a"].url, nodes["b"].url
+    on_a = served_by(a, "a")
+    # The bucket's marker and the objects on a: requests go to b, which forwards them.
+    bucket = pick(f"clu-{uuid.uuid4().hex[:8]}-", lambda n: on_a(s3_state_name("buckets", n)))
+    key, copy, big, cli = (
+        pick(f"{p}-", lambda k: on_a(f"{bucket}/{k}")) for p in ("k", "copy", "big", "cli")
+    )
+    s3 = s3_client(b)
+
+    created = s3.create_bucket(Bucket=bucket)
+    assert created["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
+    assert s3.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
+    data = os.urandom(300_000)
+    put = s3.put_object(Bucket=bucket, Key=key, Body=data)
+    assert put["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
+    ranged = s3.get_object(Bucket=bucket, Key=key, Range="bytes=1000-1999")
+    assert (
+        ranged["Body"].read() == data[1000:2000] and ranged["ContentRange"] == f"bytes 1000-1999/{len(data)}"
+    )
+    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] == len(data)
+    s3.copy_object(Bucket=bucket, Key=copy, CopySource={"Bucket": bucket, "Key": key})
+    assert s3.get_object(Bucket=bucket, Key=copy)["Body"].read() == data
+
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=big)["UploadId"]
+    parts = [os.urandom(5 * MiB), os.urandom(1234)]
+    etags = [
+        s3.upload_part(Bucket=bucket, Key=big, UploadId=upload, PartNumber=n, Body=part)["ETag"]
+        for n, part in enumerate(parts, 1)
+    ]
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=big,
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]},
+    )
+    assert s3.get_object(Bucket=bucket, Key=big)["Body"].read() == b"".join(parts)
+
+    s3.delete_object(Bucket=bucket, Key=copy)
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket=bucket, Key=copy)
+    direct = requests.head(f"{a}/{bucket}/{key}", timeout=TIMEOUT_S)  # unsigned: refused by a itself
+    assert direct.status_code == 403 and "Segment-Owner" not in direct.headers
+
+    source = tmp_path / "up.bin"
+    source.write_bytes(os.urandom(200_000))
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-creds",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    for args in (
+        ["s3", "cp", str(source), f"s3://{bucket}/{cli}"],
+        ["s3", "cp", f"s3://{bucket}/{cli}", str(tmp_path / "down.bin")],
+    ):
+        done = subprocess.run(
+            [AWS, "--endpoint-url", b, *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "down.bin").read_bytes() == source.read_bytes()
+
+
+def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
+    nodes: dict[str, ServerProcess],
+) -> None:
+    a, b = nodes["a"].url, nodes["b"].url
+    name = pick("events-", lambda n: served_by(a, "a")(stream_meta_segment(n)))
+    url = f"{b}/v1/stream/{name}"
+    text = {"Content-Type": "text/plain"}
+
+    created = requests.put(url, data=b"one;", headers=text, timeout=TIMEOUT_S)
+    assert created.status_code == 201 and created.headers["Segment-Owner"] == "a"
+    plain = requests.post(url, data=b"two;", headers=text, timeout=TIMEOUT_S)  # the append shortcut's path
+    assert plain.status_code == 204 and plain.headers["Segment-Owner"] == "a"
+    seq = requests.post(url, data=b"three;", headers={**text, "Stream-Seq": "0001"}, timeout=TIMEOUT_S)
+    assert seq.status_code == 204, seq.text
+    read = requests.get(url, params={"offset": "-1"}, timeout=TIMEOUT_S)
+    assert read.content == b"one;two;three;" and read.headers["Segment-Owner"] == "a"
+    tail = read.headers["Stream-Next-Offset"]
+
+    woken: dict[str, requests.Response] = {}
+
+    def long_poll() -> None:
+        woken["answer"] = requests.get(
+            url, params={"offset": tail, "live": "long-poll"}, timeout=TIMEOUT_S + 30
+        )
+
+    reader = threading.Thread(target=long_poll)
+    reader.start()
+    time.sleep(0.5)
+    assert (
+        requests.post(f"{a}/v1/stream/{name}", data=b"four;", headers=text, timeout=TIMEOUT_S).status_code
+        == 204
+    )
+    reader.join(TIMEOUT_S + 30)
+    assert woken["answer"].status_code == 200 and woken["answer"].content == b"four;"
+    assert woken["answer"].headers["Segment-Owner"] == "a"
+
+    events: list[str] = []
+    with requests.get(url, params={"offset": "-1", "live": "sse"}, stream=True, timeout=TIMEOUT_S) as sse:
+        assert sse.headers["Content-Type"] == "text/event-stream" and sse.headers["Segment-Owner"] == "a"
+        for line in sse.iter_lines(decode_unicode=True):
+            if line.startswith("data:") and not line.startswith("data:{"):
+                events.append(line.removeprefix("data:"))
+            if line.startswith("data:{") and json.loads(line.removeprefix("data:")).get("upToDate"):
+                break
+    assert "".join(events) == "one;two;three;four;"
+
+
+def _takeover(tmp_path: Path, endpoint: str, bucket: str, wait_s: float) -> tuple[requests.Response, float]:
+    """Kill the node serving a segment's container, then append to it through the other node."""
+    with cluster(tmp_path, endpoint, bucket, takeover_wait_s=wait_s) as servers:
+        a, b = servers["a"].url, servers["b"].url
+        name = pick("taken-", served_by(a, "a"))
+        assert requests.put(f"{a}/v1/segments/{name}", timeout=TIMEOUT_S).status_code == 201
+        servers["a"].kill()
+        started = time.monotonic()
+        answer = requests.post(f"{b}/v1/segments/{name}", data=b"after", timeout=wait_s + 60)
+        return answer, time.monotonic() - started
+
+
+def test_a_request_during_a_takeover_waits_for_the_new_owner(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    answer, waited_s = _takeover(tmp_path, moto_endpoint, s3_bucket, wait_s=60.0)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["offset"] == 0 and "Segment-Owner" not in answer.headers
+    assert waited_s > 1.0, "the lease had to lapse first"
+
+
+def test_a_request_during_a_takeover_answers_503_past_the_bound(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    answer, waited_s = _takeover(tmp_path, moto_endpoint, s3_bucket, wait_s=0.5)
+    assert answer.status_code == 503 and "container" in answer.json()["detail"]  # ContainerNotReady
+    assert answer.headers["Retry-After"] == "1"
+    assert 0.5 <= waited_s < 10, waited_s
