@@ -28,7 +28,7 @@ import requests
 from botocore.config import Config
 
 from bench.servers import ServerProcess, cluster_node_env, free_port
-from engine import stream_meta_segment
+from engine import S3_OWNER, STREAMS_OWNER, migrated_marker, stream_meta_segment
 from engine.naming import container_for, s3_state_name
 from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners, wait_for
 
@@ -77,6 +77,19 @@ def served_by(url: str, node: str) -> Callable[[str], bool]:
     return lambda name: map_[container_for(name, CONTAINERS)] == node
 
 
+def roles(servers: dict[str, ServerProcess], surface: str) -> tuple[str, str, str]:
+    """(id, URL) of the node serving the container of ``surface``'s migration marker, and the other's URL.
+
+    Each surface looks its marker up before any request, so it answers only
+    on that node for now (see docs/cluster.md, "Forwarding"); the subjects of
+    the test are put there, and requests sent to the other node.
+    """
+    home = owners(servers["a"].url)[container_for(migrated_marker(surface), CONTAINERS)]
+    assert home is not None
+    other = "b" if home == "a" else "a"
+    return home, servers[home].url, servers[other].url
+
+
 def pick(prefix: str, ok: Callable[[str], bool]) -> str:
     return next(n for n in (f"{prefix}{i}" for i in range(1000)) if ok(n))
 
@@ -95,9 +108,9 @@ def s3_client(url: str) -> Any:
 def test_s3_through_a_node_that_does_not_serve_the_object(
     nodes: dict[str, ServerProcess], tmp_path: Path
 ) -> None:
-    a, b = nodes["a"].url, nodes["b"].url
-    on_a = served_by(a, "a")
-    # The bucket's marker and the objects on a: requests go to b, which forwards them.
+    home, a, b = roles(nodes, S3_OWNER)
+    on_a = served_by(a, home)
+    # The bucket's marker and the objects on one node: requests go to the other, which forwards them.
     bucket = pick(f"clu-{uuid.uuid4().hex[:8]}-", lambda n: on_a(s3_state_name("buckets", n)))
     key, copy, big, cli = (
         pick(f"{p}-", lambda k: on_a(f"{bucket}/{k}")) for p in ("k", "copy", "big", "cli")
@@ -105,11 +118,11 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
     s3 = s3_client(b)
 
     created = s3.create_bucket(Bucket=bucket)
-    assert created["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
-    assert s3.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
+    assert created["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == home
+    assert s3.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == home
     data = os.urandom(300_000)
     put = s3.put_object(Bucket=bucket, Key=key, Body=data)
-    assert put["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == "a"
+    assert put["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == home
     ranged = s3.get_object(Bucket=bucket, Key=key, Range="bytes=1000-1999")
     assert (
         ranged["Body"].read() == data[1000:2000] and ranged["ContentRange"] == f"bytes 1000-1999/{len(data)}"
@@ -135,7 +148,7 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
     s3.delete_object(Bucket=bucket, Key=copy)
     with pytest.raises(s3.exceptions.NoSuchKey):
         s3.get_object(Bucket=bucket, Key=copy)
-    direct = requests.head(f"{a}/{bucket}/{key}", timeout=TIMEOUT_S)  # unsigned: refused by a itself
+    direct = requests.head(f"{a}/{bucket}/{key}", timeout=TIMEOUT_S)  # unsigned: refused there
     assert direct.status_code == 403 and "Segment-Owner" not in direct.headers
 
     source = tmp_path / "up.bin"
@@ -164,19 +177,19 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
 def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     nodes: dict[str, ServerProcess],
 ) -> None:
-    a, b = nodes["a"].url, nodes["b"].url
-    name = pick("events-", lambda n: served_by(a, "a")(stream_meta_segment(n)))
+    home, a, b = roles(nodes, STREAMS_OWNER)
+    name = pick("events-", lambda n: served_by(a, home)(stream_meta_segment(n)))
     url = f"{b}/v1/stream/{name}"
     text = {"Content-Type": "text/plain"}
 
     created = requests.put(url, data=b"one;", headers=text, timeout=TIMEOUT_S)
-    assert created.status_code == 201 and created.headers["Segment-Owner"] == "a"
+    assert created.status_code == 201 and created.headers["Segment-Owner"] == home
     plain = requests.post(url, data=b"two;", headers=text, timeout=TIMEOUT_S)  # the append shortcut's path
-    assert plain.status_code == 204 and plain.headers["Segment-Owner"] == "a"
+    assert plain.status_code == 204 and plain.headers["Segment-Owner"] == home
     seq = requests.post(url, data=b"three;", headers={**text, "Stream-Seq": "0001"}, timeout=TIMEOUT_S)
     assert seq.status_code == 204, seq.text
     read = requests.get(url, params={"offset": "-1"}, timeout=TIMEOUT_S)
-    assert read.content == b"one;two;three;" and read.headers["Segment-Owner"] == "a"
+    assert read.content == b"one;two;three;" and read.headers["Segment-Owner"] == home
     tail = read.headers["Stream-Next-Offset"]
 
     woken: dict[str, requests.Response] = {}
@@ -195,11 +208,11 @@ def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     )
     reader.join(TIMEOUT_S + 30)
     assert woken["answer"].status_code == 200 and woken["answer"].content == b"four;"
-    assert woken["answer"].headers["Segment-Owner"] == "a"
+    assert woken["answer"].headers["Segment-Owner"] == home
 
     events: list[str] = []
     with requests.get(url, params={"offset": "-1", "live": "sse"}, stream=True, timeout=TIMEOUT_S) as sse:
-        assert sse.headers["Content-Type"] == "text/event-stream" and sse.headers["Segment-Owner"] == "a"
+        assert sse.headers["Content-Type"] == "text/event-stream" and sse.headers["Segment-Owner"] == home
         for line in sse.iter_lines(decode_unicode=True):
             if line.startswith("data:") and not line.startswith("data:{"):
                 events.append(line.removeprefix("data:"))
