@@ -46,7 +46,7 @@ _CONNECT_S = 5.0
 _POLL_S = 0.1
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-Subject = Callable[[dict[str, Any]], "str | None"]
+Subject = Callable[[dict[str, Any]], str | None]
 
 
 class _Unreachable(Exception):

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import boto3
 import pytest
@@ -30,12 +31,12 @@ from botocore.config import Config
 from bench.servers import ServerProcess, cluster_node_env, free_port
 from engine import S3_OWNER, STREAMS_OWNER, migrated_marker, stream_meta_segment
 from engine.naming import container_for, s3_state_name
+from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
+from tests.s3.test_uploads import _chunk_signature, _signed_headers
 from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners, wait_for
 
 pytestmark = pytest.mark.slow
 
-ACCESS_KEY = "AKIDCLUSTERTEST"
-SECRET_KEY = "cluster-test-secret"
 AWS = str(Path(sys.executable).parent / "aws")
 MiB = 1024 * 1024
 
@@ -105,17 +106,33 @@ def s3_client(url: str) -> Any:
     )
 
 
+def aws_chunked(url: str, pieces: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    """A PUT body in signed aws-chunked encoding, with its signed headers (as tests/s3 builds them)."""
+    headers = _signed_headers(
+        url,
+        "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        {"Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": str(sum(map(len, pieces)))},
+    )
+    previous = headers["Authorization"].rsplit("Signature=", 1)[1]
+    body = b""
+    for piece in [*pieces, b""]:
+        previous = _chunk_signature(headers, previous, piece)
+        body += f"{len(piece):x};chunk-signature={previous}\r\n".encode() + piece + b"\r\n"
+    return body, headers
+
+
 def test_s3_through_a_node_that_does_not_serve_the_object(
     nodes: dict[str, ServerProcess], tmp_path: Path
 ) -> None:
-    home, a, b = roles(nodes, S3_OWNER)
-    on_a = served_by(a, home)
+    home, owner_url, via = roles(nodes, S3_OWNER)
+    on_home = served_by(owner_url, home)
     # The bucket's marker and the objects on one node: requests go to the other, which forwards them.
-    bucket = pick(f"clu-{uuid.uuid4().hex[:8]}-", lambda n: on_a(s3_state_name("buckets", n)))
-    key, copy, big, cli = (
-        pick(f"{p}-", lambda k: on_a(f"{bucket}/{k}")) for p in ("k", "copy", "big", "cli")
+    bucket = pick(f"clu-{uuid.uuid4().hex[:8]}-", lambda n: on_home(s3_state_name("buckets", n)))
+    key, copy, big, cli, chunked, streamed = (
+        pick(p, lambda k: on_home(f"{bucket}/{k}"))
+        for p in ("dir/a b+c~é ", "copy-", "big-", "cli-", "chunked-", "streamed-")
     )
-    s3 = s3_client(b)
+    s3 = s3_client(via)
 
     created = s3.create_bucket(Bucket=bucket)
     assert created["ResponseMetadata"]["HTTPHeaders"]["segment-owner"] == home
@@ -148,8 +165,17 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
     s3.delete_object(Bucket=bucket, Key=copy)
     with pytest.raises(s3.exceptions.NoSuchKey):
         s3.get_object(Bucket=bucket, Key=copy)
-    direct = requests.head(f"{a}/{bucket}/{key}", timeout=TIMEOUT_S)  # unsigned: refused there
+    direct = requests.head(f"{owner_url}/{bucket}/{quote(key)}", timeout=TIMEOUT_S)  # unsigned: refused
     assert direct.status_code == 403 and "Segment-Owner" not in direct.headers
+
+    # Signed aws-chunked bodies pass unaltered: with a length, and sent chunked (no length).
+    pieces = [os.urandom(64 * 1024), os.urandom(64 * 1024), b"tail"]
+    for name, as_stream in ((chunked, False), (streamed, True)):
+        url = f"{via}/{bucket}/{quote(name)}"
+        body, headers = aws_chunked(url, pieces)
+        sent = requests.put(url, data=iter([body]) if as_stream else body, headers=headers, timeout=TIMEOUT_S)
+        assert sent.status_code == 200 and sent.headers["Segment-Owner"] == home, sent.text
+        assert s3.get_object(Bucket=bucket, Key=name)["Body"].read() == b"".join(pieces)
 
     source = tmp_path / "up.bin"
     source.write_bytes(os.urandom(200_000))
@@ -168,7 +194,7 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
         ["s3", "cp", f"s3://{bucket}/{cli}", str(tmp_path / "down.bin")],
     ):
         done = subprocess.run(
-            [AWS, "--endpoint-url", b, *args], env=env, capture_output=True, text=True, timeout=120
+            [AWS, "--endpoint-url", via, *args], env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "down.bin").read_bytes() == source.read_bytes()
@@ -177,9 +203,9 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
 def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     nodes: dict[str, ServerProcess],
 ) -> None:
-    home, a, b = roles(nodes, STREAMS_OWNER)
-    name = pick("events-", lambda n: served_by(a, home)(stream_meta_segment(n)))
-    url = f"{b}/v1/stream/{name}"
+    home, owner_url, via = roles(nodes, STREAMS_OWNER)
+    name = pick("events-", lambda n: served_by(owner_url, home)(stream_meta_segment(n)))
+    url = f"{via}/v1/stream/{name}"
     text = {"Content-Type": "text/plain"}
 
     created = requests.put(url, data=b"one;", headers=text, timeout=TIMEOUT_S)
@@ -203,7 +229,9 @@ def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     reader.start()
     time.sleep(0.5)
     assert (
-        requests.post(f"{a}/v1/stream/{name}", data=b"four;", headers=text, timeout=TIMEOUT_S).status_code
+        requests.post(
+            f"{owner_url}/v1/stream/{name}", data=b"four;", headers=text, timeout=TIMEOUT_S
+        ).status_code
         == 204
     )
     reader.join(TIMEOUT_S + 30)
