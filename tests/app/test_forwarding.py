@@ -19,6 +19,7 @@ from app.native.subject import request_subject as native_subject
 from app.s3 import objects
 from app.s3.subject import request_subject as s3_subject
 from app.streams.subject import request_subject as streams_subject
+from bench.servers import free_port
 from engine import Settings, stream_data_segment, stream_meta_segment
 from engine.naming import container_for
 
@@ -156,6 +157,13 @@ def test_past_the_bound_the_surface_answers_it() -> None:
     store = FakeStore(wait_s=0.2, ready_at=None)  # no node serves it: the app raises 503 itself
     answered, took = run(store, environ("/bkt/k", "PUT"))
     assert answered == ["/bkt/k"] and 0.2 <= took < 2
+
+
+def test_an_owner_that_refuses_connections_is_waited_out_until_the_container_is_served() -> None:
+    store = FakeStore(wait_s=5, ready_at=time.monotonic() + 0.5)
+    store.owner = ("a", f"http://127.0.0.1:{free_port()}")  # nothing listens: a killed node
+    answered, took = run(store, environ("/v1/segments/x", "POST"))
+    assert answered == ["/v1/segments/x"] and 0.5 <= took < 4
 
 
 def test_a_forwarded_request_for_a_container_served_elsewhere_is_answered_at_once() -> None:
