@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)
     # A cluster node passes a request whose subject's container it does not serve to its node,
-    # before the stream append shortcut (installed by streams.init_app, inside this layer).
+    # before the append shortcuts (installed by native and streams init_app, inside this layer).
     subjects = [native_subject.request_subject, streams_subject.request_subject, s3_subject.request_subject]
     app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store, subjects)  # type: ignore[method-assign]
     # Around every reader of a body (the stream append shortcut takes no chunked one).
