@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, forwarding, inputs, native, ops, s3, streams
+from app import auth, chunked_body, errors, forwarding, inputs, native, ops, peer, s3, streams
 from app.native import subject as native_subject
 from app.s3 import subject as s3_subject
 from app.streams import subject as streams_subject
@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.before_request(inputs.require_utf8_path)  # first: auth judges names too
     auth.install(app, settings)
     app.register_blueprint(ops.bp)
+    peer.init_app(app, store)  # node-to-node calls of a cluster
     native.init_app(app)
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).

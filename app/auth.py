@@ -48,7 +48,7 @@ from typing import Any
 
 from flask import Flask, Request, current_app, request
 
-from engine import InvalidArgument, SegstoreError, Settings
+from engine import PEER_PATH, InvalidArgument, SegstoreError, Settings
 
 _PEEK_BODY_MAX_BYTES = 64 * 1024
 _TOUCHES_KEY = "segstore.auth.touches"
@@ -241,6 +241,8 @@ def _native_check() -> None:
         return
     if path != "/metrics" and not path.startswith("/v1/"):
         return  # the S3 surface (the bucket "v1" is reserved)
+    if path.startswith(PEER_PATH):
+        return  # node-to-node calls: app/peer.py checks the cluster's secret instead
     principal = _bearer_principal(request)
     if path == "/v1/segments":
         prefix = request.args.get("prefix", "")

@@ -5,6 +5,9 @@ Durable Streams) live in ``app/``, each mapping its protocol onto these.
 """
 
 from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
+from engine.cluster.peer_service import PeerService
+from engine.cluster.peers import PEER_PATH
+from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
 from engine.config import Settings, load_settings
 from engine.container_state import SERVING as SERVING_STATES
 from engine.errors import (
@@ -39,6 +42,7 @@ from engine.naming import (
     migrated_marker,
     s3_state_name,
     stream_data_segment,
+    stream_meta_of_data_segment,
     stream_meta_segment,
     stream_of_meta_segment,
     validate_segment_name,
@@ -51,6 +55,8 @@ __all__ = [
     "LEGACY_S3_PREFIX",
     "LEGACY_STREAM_DATA_PREFIX",
     "LEGACY_STREAM_META_PREFIX",
+    "PEER_PATH",
+    "PEER_SECRET_HEADER",
     "S3_OWNER",
     "SERVING_STATES",
     "STREAMS_OWNER",
@@ -68,6 +74,7 @@ __all__ = [
     "MergeResult",
     "Misconfigured",
     "PayloadTooLarge",
+    "PeerService",
     "ReadResult",
     "SegmentExists",
     "SegmentInfo",
@@ -87,6 +94,7 @@ __all__ = [
     "migrated_marker",
     "s3_state_name",
     "stream_data_segment",
+    "stream_meta_of_data_segment",
     "stream_meta_segment",
     "stream_of_meta_segment",
     "validate_segment_name",

@@ -357,6 +357,12 @@ def stream_data_segment(name: str, incarnation: str) -> str:
     return f"{STREAM_DATA_PREFIX}{stream_part(name)}/{incarnation}"
 
 
+def stream_meta_of_data_segment(segment: str) -> str:
+    """The meta segment of the stream a data segment (``stream_data_segment``) belongs to."""
+    part = segment.removeprefix(STREAM_DATA_PREFIX).rsplit("/", 1)[0]
+    return STREAM_META_PREFIX + part
+
+
 def stream_of_meta_segment(segment: str, prefix: str = STREAM_META_PREFIX) -> str:
     """The stream name a meta segment (under ``prefix``) belongs to."""
     part = segment.removeprefix(prefix)

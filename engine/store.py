@@ -13,45 +13,43 @@ bucket and each container log's fence replaces the lock. As a cluster node
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from engine import store_record
+from engine import cross_container, store_record
 from engine.attributes import AttributeUpdate
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.data_folder import DataFolder
-from engine.errors import (
-    ContainerNotReady,
-    InvalidArgument,
-    SegmentNotFound,
-    SegmentNotSealed,
-    SegmentSealed,
-    SegstoreError,
-    Throttled,
-)
+from engine.errors import ContainerNotReady, InvalidArgument, SegmentNotFound
 from engine.metrics import EngineMetrics, register_process_metrics
-from engine.naming import container_for, staging_name, transaction_name, validate_name
+from engine.naming import container_for, transaction_name, validate_name
 from engine.store_metrics import ContainerCollector, SyncCollector
 from engine.tiers import Tiers
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 if TYPE_CHECKING:
     from engine.cluster.node import ClusterNode
+    from engine.cluster.peers import Transport
+    from engine.cluster.wide import ClusterWide
 
 log = logging.getLogger(__name__)
 
 class SegmentStore:
     """All segments of one data directory. Thread-safe; blocking calls are cooperative under gevent."""
 
-    def __init__(self, settings: Settings, *, containers: Iterable[SegmentContainer] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        containers: Iterable[SegmentContainer] | None = None,
+        peer_transport: Transport | None = None,
+    ):
         self.settings = settings
         self.registry = CollectorRegistry()
         register_process_metrics(self.registry)
@@ -62,6 +60,10 @@ class SegmentStore:
         self._containers: list[SegmentContainer] = list(containers) if containers else []
         self._by_id: dict[int, SegmentContainer] = dict(enumerate(self._containers))
         self._node: ClusterNode | None = None
+        self._wide: ClusterWide | None = None
+        self._peer_transport = peer_transport
+        self._host_serial: dict[int, int] = {}
+        self._hosted = 0
         self._started = threading.Event()
         self._announcer: threading.Thread | None = None
         self._folder = DataFolder(settings, self._tiers.tier1_objects)
@@ -93,6 +95,8 @@ class SegmentStore:
     def _join_cluster(self) -> None:
         """Run the containers this node wins leases for (engine/cluster/node.py), not all of them."""
         from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
+        from engine.cluster.peers import HttpTransport, PeerClient
+        from engine.cluster.wide import ClusterWide
 
         s = self.settings
         assert s.tier1_s3 is not None
@@ -101,6 +105,9 @@ class SegmentStore:
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
         )
+        node = self._node
+        transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
+        self._wide = ClusterWide(self, node, PeerClient(transport, lambda: node.secret))
         self._started.set()
         self._node.start()
         log.info("segstore node %s (%s) joined the cluster in %s", s.node_id, s.node_url, s.tier1)
@@ -110,6 +117,8 @@ class SegmentStore:
         assert container_id not in self._by_id, f"container {container_id} hosted twice"
         container = self._build_container(container_id)
         container.start()
+        self._hosted += 1
+        self._host_serial[container_id] = self._hosted
         self._by_id[container_id] = container
         self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         threading.Thread(target=self._record_once_ready, args=(container,), daemon=True).start()
@@ -131,6 +140,18 @@ class SegmentStore:
         container = self._by_id.get(container_id)
         held = self._node is None or self._node.holds(container_id)
         return container is not None and container.ready and held
+
+    def serves(self, container_id: int) -> bool:
+        """Whether container ``container_id`` runs here and (in a cluster) this node holds its lease."""
+        return container_id in self._by_id and (self._node is None or self._node.holds(container_id))
+
+    def served_containers(self) -> dict[int, int]:
+        """The containers this store serves now, each with the number of its hosting here.
+
+        A container that leaves and comes back gets a new number: what was
+        known of it before may have changed on another node meanwhile.
+        """
+        return {c: self._host_serial.get(c, 0) for c in list(self._by_id) if self.container_ready(c)}
 
     @property
     def node(self) -> ClusterNode | None:
@@ -234,12 +255,22 @@ class SegmentStore:
         validate_name(name)
         if not self._started.is_set():
             raise ContainerNotReady("the store has not started")
-        count = self.settings.container_count if self._node is not None else len(self._by_id)
-        container_id = container_for(name, count)
+        return self._served(container_for(name, self._count()))
+
+    def _served(self, container_id: int) -> SegmentContainer:
         container = self._by_id.get(container_id)
         if container is None or (self._node is not None and not self._node.holds(container_id)):
             raise ContainerNotReady(self._elsewhere(container_id))
         return container
+
+    def _source(self, name: str) -> cross_container.Source:
+        """``name``'s container here, or (in a cluster) on the node serving it."""
+        try:
+            return self._container(name)
+        except ContainerNotReady:
+            if self._wide is None or self.owner_of(name) is None:
+                raise
+            return self._wide.segments(name)
 
     def owner_of(self, name: str) -> tuple[str, str] | None:
         """(node id, URL) of the other node serving ``name``'s container, or None (here, or unknown)."""
@@ -261,7 +292,7 @@ class SegmentStore:
         return f"container {container_id} is served by node {owner}"
 
     def container_of(self, name: str) -> int:
-        """The id of the container that owns ``name``.
+        """The id of the container that owns ``name`` (served here or not).
 
         Two segments of one container merge as metadata only; across containers
         a merge copies the bytes, so a caller staging data for a merge picks a
@@ -269,8 +300,12 @@ class SegmentStore:
         containers other nodes serve too.
         """
         validate_name(name)
-        count = self.settings.container_count if self._node is not None else len(self._by_id)
-        return container_for(name, count)
+        if not self._started.is_set():
+            raise ContainerNotReady("the store has not started")
+        return container_for(name, self._count())
+
+    def _count(self) -> int:
+        return self.settings.container_count if self._node is not None else len(self._by_id)
 
     # --------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None = None) -> SegmentInfo:
@@ -332,17 +367,23 @@ class SegmentStore:
         max_length: int | None = None,
         *,
         wait_s: float = 0.0,
+        anywhere: bool = False,
     ) -> ReadResult:
         """Read from ``offset`` (default: start offset) up to ``max_length`` bytes.
 
         Returns what is available now, at most ``max_read_bytes``. At the end of
         an unsealed segment it waits up to ``wait_s`` for the next append.
         Raises SegmentTruncated below the start offset, BadOffset past the length.
+        ``anywhere``: on a cluster node, a segment another node serves is read
+        through that node (one call, no wait), e.g. the source of a copy.
         """
+        if anywhere:
+            return self._source(name).read(name, offset, max_length, wait_s=0.0)
         return self._container(name).read(name, offset, max_length, wait_s=wait_s)
 
-    def info(self, name: str) -> SegmentInfo:
-        return self._container(name).info(name)
+    def info(self, name: str, *, anywhere: bool = False) -> SegmentInfo:
+        """The segment's state; ``anywhere`` as for ``read``."""
+        return (self._source(name) if anywhere else self._container(name)).info(name)
 
     def seal(self, name: str) -> SegmentInfo:
         """Seal the segment (idempotent): no append is accepted afterwards."""
@@ -369,31 +410,69 @@ class SegmentStore:
         return self._container(name).partitions(name, target_bytes)
 
     def list(
-        self, prefix: str = "", *, after: str | None = None, limit: int = 1000
+        self, prefix: str = "", *, after: str | None = None, limit: int = 1000, here: bool = False
     ) -> tuple[list[SegmentInfo], str | None]:
         """Segments whose name starts with ``prefix``, in name order, after ``after``.
 
         Internal segments never show, reserved names (``#<owner>/...``) only
         to a reserved ``prefix``. Returns the page and the name to pass as
-        ``after`` for the next page (None when there is no more).
+        ``after`` for the next page (None when there is no more). On a
+        cluster node the listing spans every container of the cluster
+        (``engine/cluster/wide.py``; ContainerNotReady while one is served
+        by no node); ``here``: only the containers this node serves (work
+        each node does for its own, such as expiry).
         """
         if limit < 1:
             raise InvalidArgument("limit must be at least 1")
-        names: list[SegmentInfo] = []
-        for container in self._containers:
-            names.extend(container.list(prefix, after, limit + 1))
-        names.sort(key=lambda i: i.name)
-        page = names[:limit]
-        more = len(names) > limit
-        return page, (page[-1].name if more else None)
+        if self._wide is not None and not here:
+            return self._wide.list(prefix, after, limit)
+        served = [c for c in sorted(self._by_id) if self.serves(c)]
+        found = self.list_served(served, prefix, after=after, limit=limit + 1)
+        page = found[:limit]
+        return page, (page[-1].name if len(found) > limit else None)
 
-    def scan(self, prefix: str = "", *, after: str | None = None) -> Iterator[SegmentInfo]:
+    def list_served(
+        self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
+    ) -> list[SegmentInfo]:
+        """The first ``limit`` segments ``list`` shows of ``containers``.
+
+        Each must be served here, else ContainerNotReady.
+        """
+        found: list[SegmentInfo] = []
+        for container_id in containers:
+            found.extend(self._served(container_id).list(prefix, after, limit))
+        found.sort(key=lambda i: i.name)
+        return found[:limit]
+
+    def scan(
+        self, prefix: str = "", *, after: str | None = None, here: bool = False
+    ) -> Iterator[SegmentInfo]:
         """Every segment ``list`` shows under ``prefix`` (after ``after``), a page at a time."""
         while True:
-            page, after = self.list(prefix, after=after)
+            page, after = self.list(prefix, after=after, here=here)
             yield from page
             if after is None:
                 return
+
+    def heads(
+        self, names: Iterable[str], max_length: int | None = None, *, here: bool = False
+    ) -> dict[str, bytes | None]:
+        """The first bytes (from the start offset, up to ``max_length``) of each segment; None: none such.
+
+        For many small segments at once, e.g. the records of a listing page:
+        on a cluster node those of another node's containers cost one call
+        to that node in all. ``here``: only segments served here.
+        """
+        names = list(names)
+        if self._wide is not None and not here:
+            return self._wide.heads(names, max_length)
+        found: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                found[name] = self._container(name).read(name, None, max_length, wait_s=0).data
+            except SegmentNotFound:
+                found[name] = None
+        return found
 
     # ------------------------------------------------- transactions and merges
     def open_transaction(self, parent: str) -> uuid.UUID:
@@ -452,6 +531,19 @@ class SegmentStore:
             )
         return into.fork(source, name, offset)
 
+    def copy(self, source: str, name: str, offset: int | None = None) -> SegmentInfo:
+        """Create ``name`` holding ``source``'s bytes below ``offset``, at the same offsets.
+
+        Within one container this is ``fork`` (chunks shared). Across
+        containers, another node's included, the bytes of the untruncated
+        source are copied once; nothing is shared after.
+        """
+        into = self._container(name)
+        origin = self._source(source)
+        if into is origin:
+            return into.fork(source, name, offset)
+        return cross_container.fork(into, origin, source, name, offset, self.settings)
+
     def abort_transaction(self, parent: str, txid: uuid.UUID) -> None:
         """Drop the transaction and its bytes (a delete)."""
         self._container(parent).delete(transaction_name(parent, txid))
@@ -459,66 +551,17 @@ class SegmentStore:
     def merge(self, target: str, source: str) -> MergeResult:
         """Append the whole of the sealed ``source`` to ``target`` at once; ``source`` goes away.
 
-        Within one container this is one log operation. Across containers the
-        source is first copied into a sealed staging segment beside the target,
-        which is then merged the same way; the source is deleted after. A retry
-        answers with the first merge's result.
+        Within one container this is one log operation. Across containers
+        (another node's too: its bytes come through the peer calls) the
+        source is first copied into a sealed staging segment beside the
+        target, which is then merged the same way; the source is deleted
+        after. A retry answers with the first merge's result.
         """
         into = self._container(target)
-        origin = self._container(source)
+        origin = self._source(source)
         if into is origin:
             return into.merge(target, source)
-        try:
-            info = origin.info(source)
-        except SegmentNotFound:
-            recorded = into.merge_record(target, source)
-            if recorded is None:
-                raise
-            return recorded
-        if not info.sealed:
-            raise SegmentNotSealed(f"segment {source!r} must be sealed before it is merged", segment=info)
-        if info.start_offset > 0:
-            raise InvalidArgument(f"segment {source!r} is truncated; only a whole segment can be merged")
-        recorded = into.merge_record(target, source, created=info.created)
-        if recorded is None and into.info(target).sealed:
-            raise SegmentSealed(f"segment {target!r} is sealed", segment=into.info(target))
-        if recorded is None:  # else merged before a crash or a lost answer; only the delete is left
-            staging = staging_name(target, uuid.uuid4())
-            into.create(staging, rollover_bytes=None)
-            try:
-                self._copy(origin, source, into, staging, info.length)
-                into.seal(staging)
-                recorded = into.merge(target, staging, record_as=source, record_created=info.created)
-            except BaseException:
-                with contextlib.suppress(SegstoreError):
-                    into.delete(staging)
-                raise
-        with contextlib.suppress(SegmentNotFound):
-            origin.delete(source)
-        return recorded
-
-    def _copy(
-        self, origin: SegmentContainer, source: str, into: SegmentContainer, staging: str, length: int
-    ) -> None:
-        """Copy ``source``'s bytes into ``staging``, an append at a time, waiting out back-pressure."""
-        step = min(self.settings.max_append_bytes, self.settings.max_read_bytes)
-        offset = 0
-        while offset < length:
-            data = origin.read(source, offset, min(step, length - offset), wait_s=0).data
-            while True:
-                try:
-                    into.append(
-                        staging,
-                        data,
-                        expected_offset=offset,
-                        writer_id=None,
-                        event_number=None,
-                        event_count=1,
-                    )
-                    break
-                except Throttled as exc:
-                    time.sleep(exc.retry_after_s)
-            offset += len(data)
+        return cross_container.merge(into, origin, target, source, self.settings)
 
     def export_layout(self, name: str, *, timeout_s: float = 30.0) -> str:
         """Back up a segment's Tier 2 layout into a small object (seed 002 "Backup and Restore").

@@ -27,6 +27,7 @@ from engine import SegmentInfo, SegmentStore
 LIST_KEYS_MAX = 1000
 LIST_BUCKETS_MAX = 10000
 OWNER: Node = ("Owner", [("ID", OWNER_ID), ("DisplayName", OWNER_ID)])
+STANDARD: Node = ("StorageClass", "STANDARD")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _AFTER_ALL = "\U0010ffff"
 
@@ -105,11 +106,11 @@ def _encoder() -> tuple[bool, Callable[[str], str]]:
     return url, (lambda text: quote_plus(text, safe="/")) if url else (lambda text: text)
 
 
-def _object_fields(store: SegmentStore, bucket: str, info: SegmentInfo, enc: Callable[[str], str]) -> list:
+def _object_fields(bucket: str, info: SegmentInfo, etag: str, enc: Callable[[str], str]) -> list:
     return [
         ("Key", enc(info.name[len(bucket) + 1 :])),
         ("LastModified", iso8601(info.last_modified)),
-        ("ETag", f'"{objects.etag_of(store, info)}"'),
+        ("ETag", f'"{etag}"'),
         ("Size", info.length),
     ]
 
@@ -130,8 +131,9 @@ def list_objects(store: SegmentStore, bucket: str) -> Response:
     contents, prefixes, next_marker = listing(store, bucket, prefix, delimiter, start, max_keys)
     with_owner = args.get("fetch-owner") == "true" if v2 else True
     owner = [OWNER] if with_owner else []
+    etags = objects.etags_of(store, contents)
     items = [
-        ("Contents", [*_object_fields(store, bucket, info, enc), *owner, ("StorageClass", "STANDARD")])
+        ("Contents", [*_object_fields(bucket, info, etags[info.name], enc), *owner, STANDARD])
         for info in contents
     ]
     common = [("CommonPrefixes", [("Prefix", enc(p))]) for p in prefixes]
@@ -172,14 +174,15 @@ def list_object_versions(store: SegmentStore, bucket: str) -> Response:
     if version_marker not in (None, "", "null"):
         raise S3Error("InvalidArgument", "Invalid version id specified")
     contents, prefixes, next_marker = listing(store, bucket, prefix, delimiter, key_marker, max_keys)
+    etags = objects.etags_of(store, contents)
     versions = [
         (
             "Version",
             [
-                *_object_fields(store, bucket, info, enc)[:1],
+                *_object_fields(bucket, info, etags[info.name], enc)[:1],
                 ("VersionId", "null"),
                 ("IsLatest", True),
-                *_object_fields(store, bucket, info, enc)[1:],
+                *_object_fields(bucket, info, etags[info.name], enc)[1:],
                 ("StorageClass", "STANDARD"),
                 OWNER,
             ],

@@ -73,7 +73,14 @@ def start(store: SegmentStore) -> None:
 
 
 def migrate(store: SegmentStore) -> int:
-    """Move every ``.s3/...`` segment to its reserved name (or drop it); returns how many were looked at."""
+    """Move every ``.s3/...`` segment to its reserved name (or drop it); returns how many were looked at.
+
+    A cluster node moves nothing: a cluster's state was written with
+    reserved names (a data folder from before them runs once as a single
+    node first), and the marker lives in one container of one node.
+    """
+    if store.node is not None:
+        return 0
     marker = migrated_marker(S3_OWNER)
     with contextlib.suppress(SegmentNotFound):
         store.info(marker)

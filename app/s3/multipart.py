@@ -122,10 +122,12 @@ def _prune_completed(store: SegmentStore) -> None:
 
     A page of records per call, each call going on where the last one
     stopped (and starting over past the end), so every record is seen in turn
-    however many there are.
+    however many there are. A cluster node prunes the records of the
+    containers it serves (each node its own).
     """
     horizon = time.time() - store.settings.transaction_timeout_s
-    page, after = store.list(completed_name(""), after=_prune_cursor.get(store), limit=_PRUNE_PAGE)
+    cursor = _prune_cursor.get(store)
+    page, after = store.list(completed_name(""), after=cursor, limit=_PRUNE_PAGE, here=True)
     if after is None:
         _prune_cursor.pop(store, None)
     else:

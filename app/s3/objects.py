@@ -165,12 +165,26 @@ def _record(store: SegmentStore, info: SegmentInfo) -> dict | None:
     """The last line of the record of object segment ``info`` if it names that segment id."""
     name = record_name(info.name)
     if name is not None:
-        with contextlib.suppress(SegstoreError, ValueError, KeyError, TypeError):
-            data = store.read(name).data
-            record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
-            if record["id"] == info.segment_id:
-                return record
+        with contextlib.suppress(SegstoreError):
+            return _parsed(store.read(name).data, info)
     return None
+
+
+def _parsed(data: bytes | None, info: SegmentInfo) -> dict | None:
+    """The record line ``data`` ends with, if it names ``info``'s segment id."""
+    if data is None:
+        return None
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+        if record["id"] == info.segment_id:
+            return record
+    return None
+
+
+def _stored(record: dict | None, info: SegmentInfo) -> Stored:
+    if record is not None and record["length"] == info.length:
+        return Stored.from_json(record)
+    return Stored(derived_etag(info))
 
 
 def stored_of(store: SegmentStore, info: SegmentInfo) -> Stored:
@@ -179,10 +193,20 @@ def stored_of(store: SegmentStore, info: SegmentInfo) -> Stored:
     Otherwise (written through the native API, or the record was not written)
     a derived ETag and no metadata.
     """
-    record = _record(store, info)
-    if record is not None and record["length"] == info.length:
-        return Stored.from_json(record)
-    return Stored(derived_etag(info))
+    return _stored(_record(store, info), info)
+
+
+def etags_of(store: SegmentStore, infos: list[SegmentInfo]) -> dict[str, str]:
+    """The ETag of each object segment of a listing page, by name, its records read all at once.
+
+    On a cluster node the records of another node's containers come in one
+    call to that node for the whole page (``SegmentStore.heads``).
+    """
+    names = {info.name: record_name(info.name) for info in infos}
+    heads = store.heads(sorted({n for n in names.values() if n is not None}))
+    return {
+        info.name: _stored(_parsed(heads.get(names[info.name] or ""), info), info).etag for info in infos
+    }
 
 
 def recorded_etag(store: SegmentStore, info: SegmentInfo) -> str | None:

@@ -5,6 +5,12 @@ it names the source's Tier 2 chunks up to the fork offset, so no flushed
 byte is copied (the unflushed rest is, through Tier 1), and reads never go
 back to the source. Chunks are shared within one container, so a fork's data
 segment takes an incarnation that hashes to its source's container.
+
+In a cluster a stream's data stays beside its own meta segment, so that one
+node serves all of it: a fork's data segment is a copy of the source's bytes
+below the fork offset (``SegmentStore.copy``: offsets kept, chunks shared
+only when both land in one container), its source read through the node
+serving it if need be.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ def create(
         source = None
         data_segment = beside(streams, name, stream_meta_segment(name))
         if forked_from is not None:
-            source = streams.find(forked_from)
+            source = streams.fork_source(forked_from)
             if source is None:
                 raise StreamNotFound(f"fork source {forked_from!r} does not exist")
             if source.soft_deleted:
@@ -82,13 +88,14 @@ def create(
                     f"content type {content_type!r} differs from the source's {source_type!r}"
                 )
             content_type = source_type
-            source_tail, _ = streams.tail(source)
+            source_tail, _ = streams.tail(source, anywhere=True)
             position = source_tail if fork_offset is None else parse_offset(fork_offset)
             if position > source_tail:
                 raise InvalidArgument(f"fork offset {fork_offset} is past the source's tail")
             if fork_sub_offset:
                 prefix = _sub_offset_prefix(streams, source, position, fork_sub_offset)
-            data_segment = beside(streams, name, source.config.data_segment)
+            if streams.store.node is None:
+                data_segment = beside(streams, name, source.config.data_segment)
             if ttl_s is None and expires_at is None:
                 ttl_s, expires_at = source.config.ttl_s, source.config.expires_at
         content_type = content_type or DEFAULT_CONTENT_TYPE
@@ -107,7 +114,7 @@ def create(
         )
         _create_segments(streams, name, config, [p for p in (prefix, payload) if p], closed, source)
         streams.streams[name] = Stream(name, config)
-        if forked_from is not None:
+        if forked_from is not None and forked_from in streams.streams:
             streams.streams[forked_from].forks += 1
         return streams.info(name), True
 
@@ -141,8 +148,10 @@ def _create_segments(
     meta = stream_meta_segment(name)
     if source is None:
         store.create(config.data_segment)
-    else:
+    elif store.node is None:
         store.fork(source.config.data_segment, config.data_segment, config.fork_position)
+    else:
+        store.copy(source.config.data_segment, config.data_segment, config.fork_position)
     try:
         if messages:
             store.append(config.data_segment, b"".join(frame(m) for m in messages))
@@ -195,7 +204,7 @@ def _confirm(
 def _sub_offset_prefix(streams: StreamStore, source: Stream, position: int, sub_offset: int) -> bytes:
     """The first ``sub_offset`` bytes (or JSON values) of the source's message at ``position``."""
     c = source.config
-    frames, _, _ = streams.read_frames(c.data_segment, position, None)
+    frames, _, _ = streams.read_frames(c.data_segment, position, None, anywhere=True)
     if not frames:
         raise InvalidArgument("Invalid fork sub-offset: the source has no message at the fork offset")
     first = frames[0]

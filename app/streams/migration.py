@@ -54,7 +54,14 @@ log = logging.getLogger(__name__)
 
 
 def migrate(store: SegmentStore) -> int:
-    """Move every stream of the old layout (unless the marker says it is done); returns how many."""
+    """Move every stream of the old layout (unless the marker says it is done); returns how many.
+
+    A cluster node moves nothing: a cluster's state was written with
+    reserved names (a data folder from before them runs once as a single
+    node first), and the marker lives in one container of one node.
+    """
+    if store.node is not None:
+        return 0
     marker = migrated_marker(STREAMS_OWNER)
     with contextlib.suppress(SegmentNotFound):
         store.info(marker)

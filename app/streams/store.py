@@ -19,8 +19,11 @@ answers 410 and keeps its name taken until its last fork goes. Its data
 segment goes at once (the forks hold the chunks they share; the rest is
 freed), only its meta segment stays.
 
-Weak spot, named: the in-memory state is loaded from every meta segment at
-the first request (a cost that grows with the number of streams).
+The in-memory state holds the streams whose meta segments this store
+serves: all of them on a single node, those of its containers on a cluster
+node (loaded when it starts serving a container, forgotten when it stops;
+requests for the others go to the node serving them). Weak spot, named: a
+container's streams are loaded at once, a cost that grows with their number.
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ from app.streams.records import Stream, StreamInfo, StreamRead, encode_record, r
 from engine import (
     STREAM_DATA_PREFIX,
     STREAM_META_PREFIX,
+    ContainerNotReady,
     ReadResult,
     SegmentNotFound,
     SegmentStore,
+    stream_meta_of_data_segment,
     stream_meta_segment,
     stream_of_meta_segment,
 )
@@ -58,7 +63,7 @@ class StreamStore:
         self.store = store
         self.streams: dict[str, Stream] = {}
         self.lock = threading.RLock()
-        self._loaded = False
+        self._loaded: dict[int, int] = {}  # the containers whose streams are in memory, and their hosting
         self._reaper = Reaper(self, reap_interval_s)
 
     # ------------------------------------------------------------ lifecycle
@@ -81,18 +86,27 @@ class StreamStore:
         return [s.name for s in expired]
 
     def ensure_loaded(self) -> None:
-        """Read every meta segment once; drop half-created or half-deleted leftovers.
+        """Hold the streams of every container served here, and only those, in memory.
 
-        Streams of a data folder from before reserved names move to them first (``migration``).
+        A single node reads every meta segment once; a cluster node reads a
+        container's when it starts serving it and forgets them when it stops
+        (``SegmentStore.served_containers``). Half-created or half-deleted
+        leftovers found on the way are dropped. Streams of a data folder
+        from before reserved names move to them first (``migration``).
         """
-        if self._loaded:
+        if self._loaded and self.store.node is None:
+            return
+        if self._wanted() == self._loaded:
             return
         with self.lock:
-            if self._loaded:
+            wanted = self._wanted()
+            if wanted == self._loaded:
                 return
             migration.migrate(self.store)
-            streams: dict[str, Stream] = {}
-            for segment in (i.name for i in self.store.scan(STREAM_META_PREFIX)):
+            new = sorted(c for c, hosting in wanted.items() if self._loaded.get(c) != hosting)
+            kept = {c: hosting for c, hosting in self._loaded.items() if wanted.get(c) == hosting}
+            streams = {n: s for n, s in self.streams.items() if self._container_of(n) in kept}
+            for segment in self._scan(new, STREAM_META_PREFIX):
                 name = stream_of_meta_segment(segment)
                 stream = self._load(name, segment)
                 if stream is None:
@@ -101,17 +115,51 @@ class StreamStore:
                 else:
                     streams[name] = stream
             for stream in streams.values():
+                stream.forks = 0
+            for stream in streams.values():
                 source = streams.get(stream.config.forked_from or "")
                 if source is not None:
                     source.forks += 1
+            loaded = kept | {c: wanted[c] for c in new}
             live = {s.config.data_segment for s in streams.values() if not s.soft_deleted}
-            for segment in (i.name for i in self.store.scan(STREAM_DATA_PREFIX)):
-                if segment not in live:
+            for segment in self._scan(new, STREAM_DATA_PREFIX):
+                # A data segment whose stream's meta lives on another node is that node's to judge.
+                meta_here = self.store.container_of(stream_meta_of_data_segment(segment)) in loaded
+                if segment not in live and meta_here:
                     with contextlib.suppress(SegmentNotFound):
                         self.store.delete(segment)
             self.streams = streams
-            self._loaded = True
-            log.info("streams: %d loaded", len(streams))
+            self._loaded = loaded
+            log.info("streams: %d loaded from containers %s", len(streams), new)
+
+    def _wanted(self) -> dict[int, int]:
+        """The containers whose streams belong in memory: all of a single node, a cluster node's served."""
+        if self.store.node is None:
+            return dict.fromkeys(range(self.store.settings.container_count), 0)
+        return self.store.served_containers()
+
+    def _scan(self, containers: list[int], prefix: str) -> list[str]:
+        """The names under ``prefix`` in ``containers`` (served here)."""
+        found: list[str] = []
+        for container in containers:
+            after = None
+            while True:
+                page = self.store.list_served([container], prefix, after=after, limit=1000)
+                found.extend(i.name for i in page)
+                if len(page) < 1000:
+                    break
+                after = page[-1].name
+        return found
+
+    def _container_of(self, name: str) -> int:
+        return self.store.container_of(stream_meta_segment(name))
+
+    def _here(self, name: str) -> None:
+        """ContainerNotReady unless stream ``name``'s meta segment is served (and loaded) here."""
+        if self._container_of(name) not in self._loaded:
+            owner = self.store.owner_of(stream_meta_segment(name))
+            where = f"node {owner[0]}" if owner is not None else "no node now"
+            raise ContainerNotReady(f"stream {name!r} is served by {where}")
 
     def _load(self, name: str, segment: str) -> Stream | None:
         replayed = replay(name, [json.loads(p) for p in self.read_all(segment)])
@@ -133,21 +181,26 @@ class StreamStore:
         stream.last_seq = seqs.get(stream.seq_generation)
         return stream
 
-    def read_all(self, segment: str) -> list[bytes]:
-        """Every frame of ``segment``."""
+    def read_all(self, segment: str, *, anywhere: bool = False) -> list[bytes]:
+        """Every frame of ``segment`` (``anywhere``: on another node too)."""
         frames: list[bytes] = []
         offset = 0
         while True:
-            got, offset, _ = self.read_frames(segment, offset, None)
+            got, offset, _ = self.read_frames(segment, offset, None, anywhere=anywhere)
             if not got:
                 return frames
             frames.extend(got)
 
     # -------------------------------------------------------------- helpers
     def find(self, name: str) -> Stream | None:
-        """The stream (soft-deleted ones too), expiring it first if its time is up."""
+        """The stream (soft-deleted ones too), expiring it first if its time is up.
+
+        ContainerNotReady when another node serves it.
+        """
         self.ensure_loaded()
         stream = self.streams.get(name)  # no lock: a create or delete in flight does not hold up others
+        if stream is None:
+            self._here(name)
         if stream is None or stream.soft_deleted or not stream.expired():
             return stream
         with self.lock:
@@ -168,10 +221,28 @@ class StreamStore:
         """Append a state record to the stream's meta segment."""
         self.store.append(stream_meta_segment(stream.name), encode_record(record))
 
-    def tail(self, stream: Stream) -> tuple[int, bool]:
-        """(tail position, closed) of the stream."""
-        info = self.store.info(stream.config.data_segment)
+    def tail(self, stream: Stream, *, anywhere: bool = False) -> tuple[int, bool]:
+        """(tail position, closed) of the stream (``anywhere``: its data on another node too)."""
+        info = self.store.info(stream.config.data_segment, anywhere=anywhere)
         return info.length, info.sealed
+
+    def fork_source(self, name: str) -> Stream | None:
+        """Stream ``name`` as a fork's source: here, or (cluster) read from the node serving it.
+
+        One served elsewhere is replayed from its meta segment read through
+        that node; it is not kept, and its own node does not count the fork.
+        """
+        with contextlib.suppress(ContainerNotReady):
+            return self.find(name)
+        if self.store.node is None:
+            raise ContainerNotReady(f"stream {name!r} is not served now")
+        meta = stream_meta_segment(name)
+        try:
+            records = [json.loads(p) for p in self.read_all(meta, anywhere=True)]
+        except SegmentNotFound:
+            return None
+        replayed = replay(name, records)
+        return None if replayed is None else replayed[0]
 
     def remove(self, stream: Stream) -> None:
         """Delete the stream (soft-delete while forks need it); a last fork takes its soft-deleted source.
@@ -200,21 +271,24 @@ class StreamStore:
 
     # ------------------------------------------------------------ reading
     def read_frames(
-        self, segment: str, offset: int, limit: int | None, wait_s: float = 0.0
+        self, segment: str, offset: int, limit: int | None, wait_s: float = 0.0, *, anywhere: bool = False
     ) -> tuple[list[bytes], int, ReadResult]:
         """Whole frames of ``segment`` from ``offset`` (at most about ``limit`` bytes).
 
         Returns (payloads, next offset, read result). A frame larger than one
-        read is assembled from several.
+        read is assembled from several. ``anywhere``: a segment another node
+        serves is read through it (no wait).
         """
-        result = self.store.read(segment, offset, limit, wait_s=wait_s)
+        result = self.store.read(segment, offset, limit, wait_s=wait_s, anywhere=anywhere)
         data = result.data
         frames, used = unframe(data)
         if not frames and len(data) >= FRAME.size:
             (size,) = FRAME.unpack_from(data, 0)
             whole = bytearray(data)
             while len(whole) < FRAME.size + size:
-                more = self.store.read(segment, offset + len(whole), FRAME.size + size - len(whole)).data
+                more = self.store.read(
+                    segment, offset + len(whole), FRAME.size + size - len(whole), anywhere=anywhere
+                ).data
                 if not more:
                     break
                 whole += more

@@ -113,6 +113,7 @@ class Coordinator:
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._lock = threading.RLock()
+        self.secret = ""  # the cluster's peer secret, known once joined
 
     @property
     def renew_every_s(self) -> float:
@@ -135,19 +136,32 @@ class Coordinator:
 
     # ------------------------------------------------------------ joining and leaving
     def join(self) -> None:
-        """Check or write ``cluster.json`` and announce this node; ClusterMismatch if they disagree."""
-        record = self.registers.read(CLUSTER_RECORD)
-        if record is None:
+        """Check or write ``cluster.json`` and announce this node; ClusterMismatch if they disagree.
+
+        Learns the cluster's peer secret (``secret``), giving an older record
+        without one a secret by a compare-and-set (whoever wins, all agree).
+        """
+        while True:
+            register = self.registers.read(CLUSTER_RECORD)
             try:
-                self.registers.create(CLUSTER_RECORD, ClusterRecord(self.container_count).encode())
+                if register is None:
+                    record = ClusterRecord(self.container_count)
+                    self.registers.create(CLUSTER_RECORD, record.encode())
+                    break
+                record = ClusterRecord.decode(CLUSTER_RECORD, register.data)
+                if record.containers != self.container_count:
+                    raise ClusterMismatch(
+                        f"the cluster has {record.containers} containers, "
+                        f"this node is set up for {self.container_count}"
+                    )
+                if record.secret:
+                    break
+                record = record.with_secret()
+                self.registers.replace(CLUSTER_RECORD, record.encode(), register.version)
+                break
             except RegisterConflict:
-                record = self.registers.read(CLUSTER_RECORD)
-        if record is not None:
-            found = ClusterRecord.decode(CLUSTER_RECORD, record.data).containers
-            if found != self.container_count:
-                raise ClusterMismatch(
-                    f"the cluster has {found} containers, this node is set up for {self.container_count}"
-                )
+                continue  # another node wrote it first: read what it wrote
+        self.secret = record.secret
         self._beat()
 
     def leave(self) -> None:

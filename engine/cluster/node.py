@@ -62,6 +62,11 @@ class ClusterNode:
     def node_id(self) -> str:
         return self.coordinator.node_id
 
+    @property
+    def secret(self) -> str:
+        """The cluster's peer secret (``cluster.json``), known once joined."""
+        return self.coordinator.secret
+
     def view(self) -> ClusterView:
         return self.coordinator.view()
 

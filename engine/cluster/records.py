@@ -15,6 +15,7 @@ it waits longer than the holder could still be acting (docs/cluster.md).
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,15 +41,29 @@ def _encode(record: Any) -> bytes:
     return json.dumps(asdict(record), sort_keys=True, separators=(",", ":")).encode()
 
 
+def new_secret() -> str:
+    """A fresh peer secret: 256 random bits, hex."""
+    return secrets.token_hex(32)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterRecord:
-    """``cluster.json``: what every node of the cluster must agree on, written once."""
+    """``cluster.json``: what every node of the cluster must agree on, written once.
+
+    ``secret`` authenticates node-to-node calls (``engine/cluster/peers.py``):
+    only readers of the bucket know it. A record written before it existed
+    has none (``""``) and gets one by a compare-and-set.
+    """
 
     containers: int
+    secret: str = field(default_factory=new_secret)
     write: str = field(default_factory=_write_id)
 
     def encode(self) -> bytes:
         return _encode(self)
+
+    def with_secret(self) -> ClusterRecord:
+        return ClusterRecord(self.containers)
 
     @classmethod
     def decode(cls, name: str, data: bytes) -> ClusterRecord:
@@ -56,7 +71,7 @@ class ClusterRecord:
         containers = doc.get("containers")
         if not isinstance(containers, int) or containers < 1:
             raise DataCorrupted(f"cluster record {name!r}: bad container count {containers!r}")
-        return cls(containers, str(doc.get("write", "")))
+        return cls(containers, str(doc.get("secret", "")), str(doc.get("write", "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,97 @@
+"""The receiving side of node-to-node calls (``peers``): the secret's check and each call's answer.
+
+Every call is answered from the containers this node serves, never passed
+on: a call for a container served elsewhere (it moved meanwhile) answers
+``ContainerNotReady`` and the caller's whole operation fails with it, to be
+retried, rather than going round in circles.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.cluster.peers import bytes_to_json, error_to_json, info_to_json
+from engine.errors import InvalidArgument, SegstoreError, Throttled
+
+if TYPE_CHECKING:
+    from engine.store import SegmentStore
+
+
+class PeerService:
+    """Answers the calls of the other nodes of ``store``'s cluster."""
+
+    def __init__(self, store: SegmentStore) -> None:
+        self.store = store
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this store is a cluster node (a single node takes no peer calls)."""
+        return self.store.node is not None
+
+    def admits(self, presented: str | None) -> bool:
+        """Whether ``presented`` is the cluster's secret (compared in constant time)."""
+        node = self.store.node
+        secret = node.secret if node is not None else ""
+        if not secret or presented is None:
+            return False
+        return hmac.compare_digest(presented.encode("utf-8", "replace"), secret.encode())
+
+    def knows(self, op: str) -> bool:
+        return op in _OPS
+
+    def answer(self, op: str, body: bytes) -> tuple[int, bytes]:
+        """The status and JSON body answering call ``op`` with ``body`` (the caller checked ``admits``)."""
+        try:
+            doc = json.loads(body)
+            if not isinstance(doc, dict):
+                raise InvalidArgument("a peer call carries a JSON object")
+            status, result = 200, _OPS[op](self.store, doc)
+        except SegstoreError as exc:
+            status, result = (503 if isinstance(exc, Throttled) else 409), error_to_json(exc)
+        except (ValueError, KeyError, TypeError) as exc:
+            status, result = 400, error_to_json(InvalidArgument(f"bad peer call {op}: {exc!r}"))
+        return status, json.dumps(result, separators=(",", ":")).encode()
+
+
+def _list(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    containers = [int(c) for c in doc["containers"]]
+    page = store.list_served(containers, str(doc["prefix"]), after=doc.get("after"), limit=int(doc["limit"]))
+    return {"page": [info_to_json(i) for i in page]}
+
+
+def _heads(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    names = [str(n) for n in doc["names"]]
+    max_length = doc.get("max_length")
+    heads = store.heads(names, None if max_length is None else int(max_length), here=True)
+    return {"heads": {n: None if d is None else bytes_to_json(d) for n, d in heads.items()}}
+
+
+def _info(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"info": info_to_json(store.info(str(doc["name"])))}
+
+
+def _read(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    offset, max_length = doc.get("offset"), doc.get("max_length")
+    result = store.read(
+        str(doc["name"]),
+        None if offset is None else int(offset),
+        None if max_length is None else int(max_length),
+    )
+    return {"data": bytes_to_json(result.data), "offset": result.offset, "info": info_to_json(result.info)}
+
+
+def _delete(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    store.delete(str(doc["name"]))
+    return {}
+
+
+_OPS: dict[str, Callable[[SegmentStore, dict[str, Any]], dict[str, Any]]] = {
+    "list": _list,
+    "heads": _heads,
+    "info": _info,
+    "read": _read,
+    "delete": _delete,
+}
