@@ -15,25 +15,18 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import requests
 
-from bench.servers import ServerProcess, cluster_node_env, free_port
+from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
 from engine.naming import container_for
+from tests import cluster_fixtures
+from tests.cluster_fixtures import CONTAINERS, LEASE_S, TIMEOUT_S, cluster_map, owners, wait_for
 
 pytestmark = pytest.mark.slow
-
-LEASE_S = 3
-CONTAINERS = 4
-TIMEOUT_S = 10
-
-
-def cluster_map(url: str) -> dict:
-    return requests.get(f"{url}/v1/cluster", timeout=TIMEOUT_S).json()
+nodes = cluster_fixtures.nodes
 
 
 class Client:
@@ -70,36 +63,6 @@ class Client:
             time.sleep(0.1)
             self.refresh()
         raise AssertionError(f"no node served {name} within {deadline_s} s")
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def owners(url: str) -> list[str | None]:
-    return [c["owner"] for c in cluster_map(url)["containers"]]
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
-    """Nodes a and b on one bucket, each serving two of the four containers."""
-    ports = {"a": free_port(), "b": free_port()}
-    envs = {n: cluster_node_env(n, p, moto_endpoint, s3_bucket, lease_s=LEASE_S) for n, p in ports.items()}
-    servers = {node: ServerProcess(tmp_path / node, port=ports[node], env=env) for node, env in envs.items()}
-    try:
-        for server in servers.values():
-            server.start()
-        a = servers["a"].url
-        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
-        yield servers
-    finally:
-        for server in servers.values():
-            server.kill()
 
 
 def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.cluster.peers import bytes_to_json, error_to_json, info_to_json
-from engine.errors import InvalidArgument, SegstoreError, Throttled
+from engine.errors import InvalidArgument, InvalidName, SegstoreError, Throttled
 
 if TYPE_CHECKING:
     from engine.store import SegmentStore
@@ -50,10 +50,17 @@ class PeerService:
                 raise InvalidArgument("a peer call carries a JSON object")
             status, result = 200, _OPS[op](self.store, doc)
         except SegstoreError as exc:
-            status, result = (503 if isinstance(exc, Throttled) else 409), error_to_json(exc)
+            status, result = _status(exc), error_to_json(exc)
         except (ValueError, KeyError, TypeError) as exc:
             status, result = 400, error_to_json(InvalidArgument(f"bad peer call {op}: {exc!r}"))
         return status, json.dumps(result, separators=(",", ":")).encode()
+
+
+def _status(exc: SegstoreError) -> int:
+    """The HTTP status of a refused call (the caller reads the error's class from the body)."""
+    if isinstance(exc, Throttled):
+        return 503
+    return 400 if isinstance(exc, (InvalidArgument, InvalidName)) else 409
 
 
 def _list(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+"""Two cluster nodes on moto as real processes (lease 3 s, four containers): the tests' shared setup."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.servers import ServerProcess, cluster_node_env, free_port
+
+LEASE_S = 3
+CONTAINERS = 4
+TIMEOUT_S = 10
+
+
+def cluster_map(url: str) -> dict:
+    return requests.get(f"{url}/v1/cluster", timeout=TIMEOUT_S).json()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def owners(url: str) -> list[str | None]:
+    return [c["owner"] for c in cluster_map(url)["containers"]]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
+    """Nodes a and b on one bucket, each serving two of the four containers."""
+    ports = {"a": free_port(), "b": free_port()}
+    envs = {n: cluster_node_env(n, p, moto_endpoint, s3_bucket, lease_s=LEASE_S) for n, p in ports.items()}
+    servers = {node: ServerProcess(tmp_path / node, port=ports[node], env=env) for node, env in envs.items()}
+    try:
+        for server in servers.values():
+            server.start()
+        a = servers["a"].url
+        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        yield servers
+    finally:
+        for server in servers.values():
+            server.kill()
