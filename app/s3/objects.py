@@ -145,8 +145,8 @@ def require_bucket(store: SegmentStore, bucket: str) -> SegmentInfo:
     """
     if not bucket_shaped(bucket):
         raise S3Error("NoSuchBucket", "The specified bucket does not exist")
-    try:
-        return store.info(bucket_marker(bucket))
+    try:  # in a cluster the marker may live on another node: one call to it
+        return store.info(bucket_marker(bucket), anywhere=True)
     except SegmentNotFound:
         raise S3Error("NoSuchBucket", "The specified bucket does not exist") from None
 

@@ -24,8 +24,6 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-import requests
-
 from engine import errors
 from engine.errors import ContainerNotReady, SegstoreError, Throttled
 from engine.types import ReadResult, SegmentInfo
@@ -92,9 +90,14 @@ class HttpTransport:
     """Peer calls over HTTP with one connection pool."""
 
     def __init__(self) -> None:
+        # Late: the engine is imported before gevent patches ssl, which requests imports (see tiers.py).
+        import requests
+
         self.http = requests.Session()
 
     def post(self, url: str, op: str, doc: dict[str, Any], secret: str) -> tuple[int, dict[str, Any]]:
+        import requests
+
         try:
             answer = self.http.post(
                 url + PEER_PATH + op,
