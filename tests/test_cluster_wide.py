@@ -115,6 +115,19 @@ def test_listings_span_both_nodes(serving: dict[str, ServerProcess]) -> None:
         assert tops == {k: e for k, e in etags.items() if "/" not in k}
         assert prefixes == ["dir1/", "dir2/"]
 
+    source_key = keys[0]
+    copy_key = next(
+        k
+        for k in (f"copy-{i}" for i in range(100))
+        if _owner(nodes, f"{bucket}/{k}") != _owner(nodes, f"{bucket}/{source_key}")
+    )
+    target_client = clients[_owner(nodes, f"{bucket}/{copy_key}")]
+    copied = target_client.copy_object(
+        Bucket=bucket, Key=copy_key, CopySource={"Bucket": bucket, "Key": source_key}
+    )
+    assert copied["CopyObjectResult"]["ETag"] == etags[source_key], "the source's bytes, read from its node"
+    assert target_client.get_object(Bucket=bucket, Key=copy_key)["Body"].read() == source_key.encode() * 3
+    keys.append(copy_key)
     marker_node = _owner(nodes, s3_state_name("buckets", bucket))
     last = next(k for k in keys if _owner(nodes, f"{bucket}/{k}") != marker_node)
     for key in keys:

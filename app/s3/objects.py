@@ -165,8 +165,8 @@ def _record(store: SegmentStore, info: SegmentInfo) -> dict | None:
     """The last line of the record of object segment ``info`` if it names that segment id."""
     name = record_name(info.name)
     if name is not None:
-        with contextlib.suppress(SegstoreError):
-            return _parsed(store.read(name).data, info)
+        with contextlib.suppress(SegstoreError):  # beside its object, on another node for a copy's source
+            return _parsed(store.read(name, anywhere=True).data, info)
     return None
 
 

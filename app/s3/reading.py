@@ -123,10 +123,13 @@ def _invalid_range(length: int) -> S3Error:
 
 
 def stream(store: SegmentStore, info: SegmentInfo, start: int, end: int) -> Iterator[bytes]:
-    """The bytes [start, end) of the object ``info`` names, read by read; stops if it is replaced."""
+    """The bytes [start, end) of the object ``info`` names, read by read; stops if it is replaced.
+
+    A copy's source may live on another node of a cluster: it is read through it.
+    """
     offset = start
     while offset < end:
-        result = store.read(info.name, offset, end - offset)
+        result = store.read(info.name, offset, end - offset, anywhere=True)
         if result.info.segment_id != info.segment_id:
             raise SegmentNotFound(f"{info.name!r} was replaced while it was read")
         if result.next_offset == offset:

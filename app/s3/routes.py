@@ -280,7 +280,7 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
             "changing the object's metadata, storage class, website redirect location or encryption "
             "attributes.",
         )
-    info = store.info(source_name)
+    info = store.info(source_name, anywhere=True)  # in a cluster, the source's node may be another
     source_stored = objects.stored_of(store, info)
     _copy_conditions(info, source_stored.etag)
     if_none_match, if_match = _if_none_match_star(), request.headers.get("If-Match")
