@@ -28,7 +28,7 @@ from openapi_core.datatypes import RequestParameters
 from openapi_core.validation.response import V31ResponseHeadersValidator
 from openapi_core.validation.response.exceptions import InvalidData, InvalidHeader
 from werkzeug.datastructures import Headers, ImmutableMultiDict
-from werkzeug.routing import Rule
+from werkzeug.routing import Rule, UnicodeConverter
 from werkzeug.test import TestResponse
 
 from app.native import routes as segment_routes
@@ -261,5 +261,9 @@ def registered_routes(app: Flask) -> list[Route]:
 
 def _example_path(rule: Rule) -> str:
     """The rule's path with a sample value for each variable (a segment name for the path ones)."""
-    values = {argument: _SAMPLE_NAME for argument in rule.arguments}
+    one_part = _SAMPLE_NAME.split("/")[0]  # a plain <variable> takes no slash
+    values = {
+        argument: one_part if type(rule._converters[argument]) is UnicodeConverter else _SAMPLE_NAME
+        for argument in rule.arguments
+    }
     return rule.build(values, append_unknown=False)[1]
