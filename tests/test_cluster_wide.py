@@ -6,8 +6,9 @@ Durable Streams requests are sent here to the node serving their subject,
 so what is tested is the part that spans nodes: a listing from either node
 shows every container's names (ETags included), a bucket is not deleted
 while an object on the other node exists, a merge pulls its source from the
-other node, a fork copies its source's data from there, and each node's
-reaper expires its own streams.
+other node, a fork copies its source's data from there, each node's reaper
+expires its own streams, and a node loads the streams of the containers it
+takes over.
 """
 
 from __future__ import annotations
@@ -229,3 +230,10 @@ def test_forks_copy_across_nodes_and_each_reaper_expires_its_own(
     for node, name in expiring.items():  # nobody touches them: only each node's reaper can take them
         wait_for(lambda n=node, s=name: stream_meta_segment(s) not in metas(n), 30, f"{node}'s reaper")
     assert stream_meta_segment(source) in metas("b") and stream_meta_segment(fork) in metas("a")
+
+    nodes["a"].kill()  # b takes a's containers over, and loads their streams as it starts serving them
+    wait_for(lambda: owners(urls["b"]) == ["b"] * CONTAINERS, 30, "b serving every container")
+    on_b_fork = f"{urls['b']}/v1/stream/{fork}"
+    served_by_b = lambda: requests.head(on_b_fork, timeout=TIMEOUT_S).status_code == 200  # noqa: E731
+    wait_for(served_by_b, 30, "the fork served by b")
+    assert requests.get(on_b_fork, params={"offset": "-1"}, timeout=TIMEOUT_S).content == b"one;two;fork;"
