@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run test lint bench clean s3-deps spark-deps
+.PHONY: run cluster test lint bench clean s3-deps spark-deps
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ spark-deps: $(VENV)/.spark
 
 run: $(VENV)/.serve
 	$(BIN)/python -m gunicorn -c deploy/gunicorn.conf.py 'app:create_app()'
+
+# moto (S3 on loopback, port 5000) and three nodes on ports 8080-8082 sharing its bucket; Ctrl-C stops all.
+cluster: $(VENV)/.s3
+	$(BIN)/python -m bench.local_cluster
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -169,11 +169,12 @@ def _group_alive(pgid: int) -> bool:
 
 
 class MotoServer:
-    """``python -m moto.server`` on 127.0.0.1 and a free port, logging to ``log_path``."""
+    """``python -m moto.server`` on 127.0.0.1 and ``port`` (default a free one), logging to ``log_path``."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, port: int = 0) -> None:
         self.log_path = log_path
-        self.port = 0
+        self.fixed_port = port  # 0: a free one
+        self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -181,9 +182,9 @@ class MotoServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> MotoServer:
-        """Start the server and wait until it answers HTTP; retries on a port taken meanwhile."""
-        for _ in range(3):
-            self.port = free_port()
+        """Start the server and wait until it answers HTTP; retries on a free port taken meanwhile."""
+        for _ in range(1 if self.fixed_port else 3):
+            self.port = self.fixed_port or free_port()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
