@@ -114,9 +114,8 @@ class LocalCluster:
             "SEGSTORE_ADVERTISE_URL": f"http://127.0.0.1:{port}",
             **self.settings,
         }
-        server = ServerProcess(self.workdir / node, port=port, env=env)
-        self.nodes[node] = server
-        server.start()
+        server = ServerProcess(self.workdir / node, port=port, env=env).start()  # killed if it fails
+        self.nodes[node] = server  # listed once it answers: clients pick from the listed nodes
         return server
 
     def stop(self, timeout_s: float = 30.0) -> None:

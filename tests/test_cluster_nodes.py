@@ -1,0 +1,188 @@
+"""Three real nodes on moto under load: a paused node, a joining node and a killed node lose nothing.
+
+Writers append to segments in every container: plain HTTP with
+``Expected-Offset`` (to random nodes, or to the owner the map names) and the
+Python client with writer ids. After each scenario every acknowledged append
+is stored exactly once at its offset (``tests/cluster_writers.py``).
+Deadlines are generous: the machine running them may be small and busy.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.local_cluster import LocalCluster, owners, wait_for
+from tests.cluster_writers import (
+    ClientWriter,
+    HttpWriter,
+    finish,
+    segments_in,
+    wait_progress,
+)
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 3
+CONTAINERS = 4
+SETTINGS = {
+    "SEGSTORE_LEASE_S": str(LEASE_S),
+    "SEGSTORE_CONTAINER_COUNT": str(CONTAINERS),
+    "SEGSTORE_LOG_LEVEL": "warning",
+    "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
+}
+MOVE_S = LEASE_S + 60  # a container's move: its lease running out, a claim, and recovery on a busy machine
+
+Cluster = Callable[[int], AbstractContextManager[LocalCluster]]
+
+
+@pytest.fixture
+def cluster_of(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Cluster:
+    @contextmanager
+    def start(nodes: int) -> Iterator[LocalCluster]:
+        with LocalCluster(tmp_path, nodes=nodes, endpoint=moto_endpoint, bucket=s3_bucket,
+                          settings=SETTINGS) as cluster:
+            wait_for(lambda: cluster.balanced("a"), MOVE_S, f"containers spread over {nodes} nodes")
+            yield cluster
+
+    return start
+
+
+def _writers(cluster: LocalCluster, names: list[str], stop: threading.Event, clients: list[str]
+             ) -> list[HttpWriter | ClientWriter]:
+    """One HTTP writer per name (alternately to random nodes and to owners), and client writers."""
+    writers: list[HttpWriter | ClientWriter] = [
+        HttpWriter(cluster, name, CONTAINERS, stop, route="random" if i % 2 else "owner",
+                   timeout_s=120 if i % 2 else 5)
+        for i, name in enumerate(names)
+    ]
+    writers += [ClientWriter(url, f"{names[i]}-client", stop) for i, url in enumerate(clients)]
+    for writer in writers:
+        url = writer.endpoint if isinstance(writer, ClientWriter) else cluster.urls["a"]
+        assert requests.put(f"{url}/v1/segments/{writer.segment}", timeout=30).status_code == 201
+    for writer in writers:
+        writer.start()
+    return writers
+
+
+def _held(cluster: LocalCluster, via: str, node: str) -> list[int]:
+    return [c for c, owner in enumerate(owners(cluster.urls[via])) if owner == node]
+
+
+def _taken_over(cluster: LocalCluster, via: str, node: str) -> bool:
+    """Whether every container is owned, none by ``node``, as ``via`` sees it."""
+    found = owners(cluster.urls[via])
+    return None not in found and node not in found
+
+
+def _group_signal(cluster: LocalCluster, node: str, signum: int) -> None:
+    proc = cluster.nodes[node].proc
+    assert proc is not None
+    os.killpg(proc.pid, signum)  # arbiter and worker together
+
+
+def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(cluster_of: Cluster) -> None:
+    with cluster_of(3) as cluster:
+        counts = cluster.counts("a")
+        assert counts is not None
+        victim = max(counts, key=lambda n: (counts[n], n))
+        others = [n for n in cluster.nodes if n != victim]
+        lost = _held(cluster, others[0], victim)
+        names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "paused")
+        probes = segments_in(lost, CONTAINERS, 1, "probe")
+        for probe in probes:
+            created = requests.put(f"{cluster.urls[others[0]]}/v1/segments/{probe}", timeout=30)
+            assert created.status_code == 201
+        stop = threading.Event()
+        writers = _writers(cluster, names, stop, [cluster.urls[others[0]], cluster.urls[others[1]]])
+        wait_progress(writers, 3, 120)
+
+        _group_signal(cluster, victim, signal.SIGSTOP)
+        paused_at = time.monotonic()
+        answers: dict[str, requests.Response] = {}
+
+        def probe_append(name: str) -> None:  # queued at the paused node, answered when it resumes
+            answers[name] = requests.post(f"{cluster.urls[victim]}/v1/segments/{name}", data=b"probe;",
+                                          headers={"Expected-Offset": "0"}, timeout=180)
+
+        probing = [threading.Thread(target=probe_append, args=(p,), daemon=True) for p in probes]
+        for thread in probing:
+            thread.start()
+        wait_for(lambda: _taken_over(cluster, others[0], victim), MOVE_S, f"{victim}'s containers moving")
+        moved = time.monotonic()
+        owner_writers = [w for w in writers if isinstance(w, HttpWriter) and w.route == "owner"
+                         and w.container in lost]
+        wait_progress(owner_writers, 2, MOVE_S, since=moved)  # the moved containers serve meanwhile
+
+        _group_signal(cluster, victim, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        health = f"{cluster.urls[victim]}/healthz"
+        wait_for(lambda: requests.get(health, timeout=30).json()["containers"] == [], 60,
+                 f"{victim} serving nothing after it resumed", every_s=0.05)
+        for thread in probing:
+            thread.join(60)
+        for probe in probes:  # refused, or passed on to the new owner: never taken from its old log
+            answer = answers[probe]
+            owner = answer.headers.get("Segment-Owner")
+            assert answer.status_code == 503 or owner not in (None, victim), (answer.status_code, owner)
+            assert requests.get(f"{cluster.urls[others[0]]}/v1/segments/{probe}", params={"offset": 0},
+                                timeout=30).content == (b"probe;" if answer.status_code == 200 else b"")
+        wait_for(lambda: cluster.balanced(others[0]), MOVE_S, f"{victim} getting its share back")
+        assert _held(cluster, victim, victim)
+        wait_progress(writers, 2, MOVE_S)
+        finish(writers, stop, cluster)
+
+    for writer in writers:
+        if not isinstance(writer, HttpWriter):
+            continue
+        for seen in writer.outcomes:  # sent while paused, to the paused node, for a container it lost
+            if seen.node == victim and paused_at < seen.sent_at < resumed_at and writer.container in lost:
+                assert seen.status in (None, 503) or seen.owner not in (None, victim), seen
+
+
+def test_a_joining_node_takes_its_share_and_clients_see_only_successes_and_503(cluster_of: Cluster) -> None:
+    with cluster_of(2) as cluster:
+        names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "join")
+        stop = threading.Event()
+        writers = _writers(cluster, names, stop, [cluster.urls["a"], cluster.urls["b"]])
+        wait_progress(writers, 3, 120)
+        cluster.add_node()
+        wait_for(lambda: cluster.balanced("c") and cluster.balanced("a"), MOVE_S, "containers rebalanced")
+        assert sorted((cluster.counts("c") or {}).values()) == [1, 1, 2]
+        joined = time.monotonic()
+        wait_progress(writers, 3, MOVE_S, since=joined)
+        finish(writers, stop, cluster)
+    seen = [o for w in writers if isinstance(w, HttpWriter) for o in w.outcomes]
+    assert {o.status for o in seen} <= {200, 503}, {o.status for o in seen}
+    assert all(o.retry_after for o in seen if o.status == 503)
+    assert any(o.node == "c" and o.status == 200 for o in seen)  # random writers used the new node
+
+
+def test_a_killed_nodes_containers_serve_on_the_others_within_lease_and_recovery(cluster_of: Cluster) -> None:
+    with cluster_of(3) as cluster:
+        victim = random.choice(list(cluster.nodes))
+        others = [n for n in cluster.nodes if n != victim]
+        lost = _held(cluster, others[0], victim)
+        names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "killed")
+        stop = threading.Event()
+        writers = _writers(cluster, names, stop, [cluster.urls[n] for n in others])
+        wait_progress(writers, 3, 120)
+
+        cluster.nodes[victim].kill()
+        killed_at = time.monotonic()
+        wait_for(lambda: _taken_over(cluster, others[0], victim), MOVE_S, f"{victim}'s containers moving")
+        moved = [w for w in writers if isinstance(w, HttpWriter) and w.container in lost]
+        wait_progress(moved, 1, MOVE_S, since=killed_at)
+        first_ack_s = min(t for w in moved for t in w.acked_at if t > killed_at) - killed_at
+        assert first_ack_s < LEASE_S + 45, first_ack_s
+        wait_progress(writers, 2, MOVE_S, since=killed_at)
+        finish(writers, stop, cluster)
