@@ -27,6 +27,7 @@ from tests.cluster_writers import (
     HttpWriter,
     finish,
     segments_in,
+    send,
     wait_progress,
 )
 
@@ -67,8 +68,7 @@ def _writers(cluster: LocalCluster, names: list[str], stop: threading.Event, cli
     ]
     writers += [ClientWriter(url, f"{names[i]}-client", stop) for i, url in enumerate(clients)]
     for writer in writers:
-        url = writer.endpoint if isinstance(writer, ClientWriter) else cluster.urls["a"]
-        assert requests.put(f"{url}/v1/segments/{writer.segment}", timeout=30).status_code == 201
+        assert send(cluster, "PUT", writer.segment).status_code == 201
     for writer in writers:
         writer.start()
     return writers
@@ -100,8 +100,7 @@ def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(c
         names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "paused")
         probes = segments_in(lost, CONTAINERS, 1, "probe")
         for probe in probes:
-            created = requests.put(f"{cluster.urls[others[0]]}/v1/segments/{probe}", timeout=30)
-            assert created.status_code == 201
+            assert send(cluster, "PUT", probe).status_code == 201
         stop = threading.Event()
         writers = _writers(cluster, names, stop, [cluster.urls[others[0]], cluster.urls[others[1]]])
         wait_progress(writers, 3, 120)
