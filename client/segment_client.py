@@ -210,6 +210,17 @@ class SegmentClient:
         """The node URL this client sends ``name``'s requests to (the endpoint until it learns better)."""
         return self._routes.get(_segment_of(segment_path(name)), self.endpoint)
 
+    def use_route(self, name: str, url: str) -> None:
+        """Send ``name``'s requests to the node at ``url`` (learnt elsewhere, e.g. when a job was planned).
+
+        A miss there (503, or the node gone) returns to the endpoint as for a learnt route.
+        """
+        segment = _segment_of(segment_path(name))
+        if url.rstrip("/") == self.endpoint:
+            self._routes.pop(segment, None)
+        else:
+            self._routes[segment] = url.rstrip("/")
+
     def _learn_route(self, segment: str, base: str, response: requests.Response) -> None:
         """Remember the node a forwarded answer names; forget a direct route the node refused."""
         owner = response.headers.get("Segment-Owner")

@@ -29,6 +29,14 @@ the offset where its record starts. Options:
   ``checkpointLocation`` option, else the target's name);
   ``fail_first_attempt_after_rows`` is fault injection for tests.
 
+A cluster (docs/cluster.md): the endpoint may be any node. Planning asks it
+for each segment's info and partitions; a node that does not serve the
+segment forwards and names the one that does (``Segment-Owner``, its URL from
+``GET /v1/cluster``), and each input partition then reads straight from that
+node. A partition whose node refuses (the container moved) or is gone goes
+back to the endpoint, which forwards and names the new node, and reads on
+from there (``SegmentClient``'s routes).
+
 Streaming offsets are ``{"segment name": next offset}``. Writes go through
 transactions (``client.spark_sink``); overwrite is refused: segments only grow.
 """
@@ -186,16 +194,24 @@ def _prepare_target(options: SegstoreOptions) -> None:
 
 
 class RangePartition(InputPartition):
-    """One Spark task's byte range."""
+    """One Spark task's byte range, and the URL of the node that served its segment when planned."""
 
-    def __init__(self, byte_range: ByteRange):
+    def __init__(self, byte_range: ByteRange, node: str | None = None):
         super().__init__(byte_range)
         self.byte_range = byte_range
+        self.node = node
+
+
+def _planned(client: SegmentClient, byte_range: ByteRange) -> RangePartition:
+    """A partition read from the node the planning requests of its segment were served by."""
+    return RangePartition(byte_range, client.route(byte_range.segment))
 
 
 def _read(options: SegstoreOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     assert isinstance(partition, RangePartition)
     with options.client() as client:
+        if partition.node is not None:
+            client.use_route(partition.byte_range.segment, partition.node)
         yield from read_range(client, partition.byte_range, options.framing, options.read_bytes)
 
 
@@ -213,7 +229,7 @@ class SegstoreReader(DataSourceReader):
                 ranges = client.partitions(name, self.options.target_bytes)
                 limit = ranges[-1][1] if ranges else 0
                 for index, (start, end) in enumerate(ranges):
-                    found.append(RangePartition(ByteRange(name, start, end, first=index == 0, limit=limit)))
+                    found.append(_planned(client, ByteRange(name, start, end, first=index == 0, limit=limit)))
         return found
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -311,7 +327,7 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             edges = [begin, *bounds, stop]
             for a, b in itertools.pairwise(edges):
                 byte_range = ByteRange(name, a, b, first=a == info.start_offset, limit=info.length)
-                found.append(RangePartition(byte_range))
+                found.append(_planned(self.client, byte_range))
         return found
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
