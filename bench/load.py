@@ -195,7 +195,7 @@ def run_load(
     try:
         barrier.wait(60)
     except threading.BrokenBarrierError:
-        _, failures = _collect(results, procs)
+        _, failures = collect_tallies(results, procs)
         raise RuntimeError(f"load generator did not start: {failures}") from None
     time.sleep(spec.warmup_s)
     before = metrics() if metrics else {}
@@ -203,7 +203,7 @@ def run_load(
     time.sleep(spec.duration_s)
     cpu_after = process_cpu_s(worker)
     after = metrics() if metrics else {}
-    tally, failures = _collect(results, procs)
+    tally, failures = collect_tallies(results, procs)
     if failures:
         raise RuntimeError("; ".join(failures))
     if tally.errors:
@@ -224,8 +224,8 @@ def run_load(
     )
 
 
-def _collect(results: Any, procs: list[Any]) -> tuple[LoadTally, list[str]]:
-    """Gather every client process's tally (or failure), then reap the processes."""
+def collect_tallies(results: Any, procs: list[Any]) -> tuple[LoadTally, list[str]]:
+    """Gather every client process's tally (or failure), then reap the processes (also bench.cluster_load)."""
     tally = LoadTally()
     failures = []
     for _ in procs:
