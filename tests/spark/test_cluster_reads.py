@@ -9,6 +9,7 @@ driver's first request for each of ``b``'s segments may be, never a task's.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ TARGET_BYTES = 4 * 1024
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
 ) -> Iterator[LocalCluster]:
-    bucket = f"spark-cluster-{tmp_path_factory.getbasetemp().name[-8:]}".lower().replace("_", "-")
+    bucket = f"spark-cluster-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=bucket)
     settings = {
         "SEGSTORE_CONTAINER_COUNT": str(CONTAINERS),
