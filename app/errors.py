@@ -56,6 +56,7 @@ STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "Throttled": (503, "Throttled"),
     "StoreLocked": (503, "Store locked"),
     "StorageFull": (507, "Storage full"),
+    "OutcomeUnknown": (502, "Outcome unknown"),
     "DataCorrupted": (500, "Data corrupted"),
     "Internal": (500, "Internal error"),
     # Durable Streams (app/streams.py): the protocol's own answers.
@@ -74,6 +75,17 @@ class InvalidHeader(SegstoreError):
     """
 
     code = "InvalidHeader"
+
+
+class OutcomeUnknown(SegstoreError):
+    """A forwarded request's node failed while it ran: it may or may not have been applied.
+
+    HTTP-only (a cluster node passing a request on). Unlike a 503 it must not
+    be resent blindly: the client reads back, or resends with a writer id or
+    ``Expected-Offset``, which make a second attempt safe.
+    """
+
+    code = "OutcomeUnknown"
 
 
 class MalformedBody(InvalidArgument):
@@ -125,7 +137,7 @@ def render_segstore_error(err: SegstoreError) -> Response:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(err, Throttled):
         headers["Retry-After"] = str(max(0, math.ceil(err.retry_after_s)))
-    if status >= 500 and code not in ("Throttled", "StoreLocked", "StorageFull"):
+    if status >= 500 and code not in ("Throttled", "StoreLocked", "StorageFull", "OutcomeUnknown"):
         log.error("%s: %s", err.code, err.detail)
     return problem(code, err.detail, headers=headers)
 

@@ -27,8 +27,8 @@ from typing import Any
 import requests
 from urllib3.exceptions import NewConnectionError
 
-from app.errors import render_segstore_error
-from engine import ContainerNotReady, SegmentStore, container_for
+from app.errors import OutcomeUnknown, render_segstore_error
+from engine import SegmentStore, container_for
 
 FORWARDED = "Segstore-Forwarded"
 OWNER = "Segment-Owner"
@@ -113,9 +113,9 @@ class Forwarding:
         except (requests.ConnectTimeout, requests.ConnectionError) as err:
             if isinstance(err, requests.ConnectTimeout) or _refused(err):
                 raise _Unreachable from err
-            # Sent, maybe in part, maybe acted on: only the client may try it again.
-            refusal = ContainerNotReady(f"node {node} serving the container failed during the request")
-            return render_segstore_error(refusal)(environ, start_response)
+            # Sent, maybe in part, maybe acted on: not a 503, which says "not applied, resend".
+            unknown = OutcomeUnknown(f"node {node} serving the container failed during the request")
+            return render_segstore_error(unknown)(environ, start_response)
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))

@@ -87,6 +87,10 @@ class StorageFull(SegstoreClientError):
     """507: Tier 1 cannot take more bytes; nothing acknowledged is lost."""
 
 
+class OutcomeUnknown(SegstoreClientError):
+    """502: the node serving a forwarded request failed during it; it may have been applied."""
+
+
 ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
     cls.__name__: cls
     for cls in (
@@ -106,6 +110,7 @@ ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
         DataCorrupted,
         Throttled,
         StorageFull,
+        OutcomeUnknown,
     )
 }
 

@@ -25,6 +25,7 @@ from engine import cross_container, store_record
 from engine.attributes import AttributeUpdate
 from engine.config import Settings
 from engine.container import SegmentContainer
+from engine.container_state import FAILED
 from engine.data_folder import DataFolder
 from engine.errors import ContainerNotReady, InvalidArgument, SegmentNotFound
 from engine.metrics import EngineMetrics, register_process_metrics
@@ -104,6 +105,7 @@ class SegmentStore:
         self._node = ClusterNode.on_s3(
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
+            failed=self._hosted_failed,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
@@ -127,6 +129,11 @@ class SegmentStore:
         container.wait_started()
         if container.ready:
             self._folder.write_record()
+
+    def _hosted_failed(self, container_id: int) -> bool:
+        """Whether the container hosted here failed (its node hands it back: see the coordinator)."""
+        container = self._by_id.get(container_id)
+        return container is not None and container.state == FAILED
 
     def _unhost(self, container_id: int) -> None:
         """Stop serving a container: no new requests, those in flight finish, its log closes."""

@@ -63,6 +63,10 @@ class ContainerHost(Protocol):
         """Stop taking requests for ``container``, finish what is in flight, and return."""
         ...
 
+    def failed(self, container: int) -> bool:
+        """Whether ``container`` cannot serve until it is started again (its recovery failed, say)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Held:
@@ -177,6 +181,7 @@ class Coordinator:
         """One round: give up expired leases, heartbeat, renew, observe, balance."""
         with self._lock:
             self._give_up_expired()
+            self._hand_back_failed()
             self._beat()
             self._renew()
             try:
@@ -201,6 +206,19 @@ class Coordinator:
         for container, held in sorted(self._held.items()):
             if now >= self._deadline(held):
                 self._lose(container, "its lease could not be renewed in time")
+
+    def _hand_back_failed(self) -> None:
+        """Release the leases of containers that failed here, rather than keep them out of service.
+
+        A recovery fenced by a writer that claimed the container while this
+        node's lease looked stale, or any other failed start, would otherwise
+        hold the lease with nothing served until the node restarts. Released,
+        the container is claimed again (here or elsewhere) and recovered anew.
+        """
+        for container in sorted(self._held):
+            if self.host.failed(container):
+                log.warning("node %s hands failed container %d back", self.node_id, container)
+                self._release(container)
 
     def _lose(self, container: int, why: str) -> None:
         log.warning("node %s stops container %d: %s", self.node_id, container, why)

@@ -35,9 +35,10 @@ class ClusterNode:
         lease_s: float,
         host: Callable[[int], None],
         unhost: Callable[[int], None],
+        failed: Callable[[int], bool] = lambda container: False,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self._host, self._unhost = host, unhost
+        self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
@@ -57,6 +58,9 @@ class ClusterNode:
 
     def stop_container(self, container: int) -> None:
         self._unhost(container)
+
+    def failed(self, container: int) -> bool:
+        return self._failed(container)
 
     @property
     def node_id(self) -> str:

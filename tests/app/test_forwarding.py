@@ -7,6 +7,9 @@ really travel between nodes are in tests/test_cluster_surfaces.py.
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -178,3 +181,30 @@ def test_requests_without_a_subject_are_answered_where_they_arrive() -> None:
     for path in ("/", "/v1/segments", "/v1/cluster", "/metrics"):
         answered, took = run(store, environ(path))
         assert answered == [path] and took < 1
+
+
+def test_an_owner_that_fails_during_the_request_gives_an_unknown_outcome_not_a_503() -> None:
+    """The request may have been applied: 502 OutcomeUnknown, which no client resends blindly."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def accept_then_die() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)  # the request arrived, then the node is gone
+        conn.close()
+
+    threading.Thread(target=accept_then_die, daemon=True).start()
+    store = FakeStore(wait_s=5, ready_at=None)
+    store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    answered: list[str] = []
+    statuses: list[str] = []
+    body = Forwarding(
+        lambda e, s: answered.append(e["PATH_INFO"]) or [],  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        SUBJECTS,
+    )(environ("/v1/segments/x", "POST"), lambda status, headers: statuses.append(status))
+    listener.close()
+    assert answered == []  # not answered here as if nothing had been sent
+    assert statuses == ["502 BAD GATEWAY"]
+    assert json.loads(b"".join(body))["code"] == "OutcomeUnknown"

@@ -57,15 +57,20 @@ class Host:
         self.node = node
         self.registers = registers
         self.running: set[int] = set()
+        self.failing: set[int] = set()  # started, but their recovery failed
         self.starts = 0
 
     def start_container(self, container: int) -> None:
         assert container not in self.running
         self.running.add(container)
+        self.failing.discard(container)
         self.starts += 1
 
     def stop_container(self, container: int) -> None:
         self.running.discard(container)
+
+    def failed(self, container: int) -> bool:
+        return container in self.failing
 
 
 class Cluster:
@@ -143,6 +148,22 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
             moved_at = cluster.clock.now
     assert moved_at is not None and moved_at - died_at <= LEASE_S + 2 * LEASE_S / 3
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
+
+
+def test_a_container_that_failed_is_handed_back_and_started_again() -> None:
+    """A failed recovery (fenced by a claimant that since lost the lease) does not keep a lease idle."""
+    cluster = Cluster(4)
+    for node in ("a", "b"):
+        cluster.add(node)
+    cluster.rounds(10)
+    container = cluster.nodes["a"].held()[0]
+    starts = sum(host.starts for host in cluster.hosts.values())
+    cluster.hosts["a"].failing.add(container)
+    cluster.rounds(2)
+    assert container not in cluster.hosts["a"].failing  # stopped, lease released, claimed and started anew
+    assert sum(host.starts for host in cluster.hosts.values()) == starts + 1
+    assert any(container in host.running for host in cluster.hosts.values())
+    assert cluster.owned_once_by(["a", "b"])
 
 
 def test_a_paused_node_stops_serving_before_others_take_over_and_rejoins_owning_nothing() -> None:

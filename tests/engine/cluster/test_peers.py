@@ -22,6 +22,9 @@ class _Host:
     def stop_container(self, container: int) -> None:
         pass
 
+    def failed(self, container: int) -> bool:
+        return False
+
 
 def _coordinator(node: str, registers: MemoryRegisters) -> Coordinator:
     return Coordinator(registers, node_id=node, url=f"http://{node}", container_count=4, host=_Host())
