@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -110,11 +111,13 @@ class GroupSync:
     or every write of a round whose sync failed, is cut off by its ``undo``
     on the same thread, and its caller gets the OSError.
 
-    A round begins once every writer of the previous round has handed over
-    its next write, or after a linger of ``MAX_LINGER_S``: writers woken
-    together by one round come back together, so the next round covers them
-    all instead of the first one alone. A lone writer never lingers: it is
-    the whole previous round; a writer that stopped costs one linger.
+    A round begins once every steady writer (one that wrote in two of the
+    last three rounds) has handed over its next write, or after a linger of
+    ``MAX_LINGER_S``: writers woken together by one round come back
+    together, so the next round covers them all instead of the first one
+    alone. A lone writer never lingers; a writer seen once (a container's
+    occasional bookkeeping) is not waited for; one that stopped costs at
+    most two lingers.
     """
 
     def __init__(self, sync: Callable[[Sequence[int]], int] = sync_files) -> None:
@@ -126,7 +129,8 @@ class GroupSync:
         self._joined = _allocate_lock()  # released when a write joins while the thread gathers
         self._joined.acquire()
         self._gathering = False
-        self._expected: set[int] = set()  # the writers of the previous round
+        self._recent: deque[set[int]] = deque(maxlen=3)  # the writers of the last rounds
+        self._expected: set[int] = set()  # those of them a round waits for
         self._started = False
         self._closed = False
         self.rounds = 0  # rounds run
@@ -166,7 +170,8 @@ class GroupSync:
                 current, self._round = self._round, None
             if current is None:
                 return  # closed
-            self._expected = {job.writer for job in current.jobs}
+            self._recent.append({job.writer for job in current.jobs})
+            self._expected = {w for w in set().union(*self._recent) if sum(w in r for r in self._recent) >= 2}
             self._run_round(current.jobs)
             current.done.set()
             with self._lock:

@@ -87,6 +87,19 @@ def test_a_round_waits_for_the_writers_of_the_previous_one() -> None:
     assert group.rounds <= 40  # alone, the quick writer would start every round without the slow one
 
 
+def test_only_steady_writers_are_waited_for() -> None:
+    """A writer seen in one round (a container's occasional bookkeeping) does not hold the next ones."""
+    group = GroupSync(lambda fds: 1)
+    group.write(lambda: 1, lambda: None, writer="steady")
+    group.write(lambda: 2, lambda: None, writer="once")
+    group.write(lambda: 1, lambda: None, writer="steady")
+    assert group._expected == {id("steady")}  # the next round waits for it alone
+    group.write(lambda: 2, lambda: None, writer="once")
+    group.write(lambda: 2, lambda: None, writer="once")
+    assert group._expected == {id("once")}  # two of the last three rounds: steady now
+    group.close()
+
+
 def test_a_failed_round_fails_every_write_it_covered_and_the_next_round_works() -> None:
     fake = SlowSync(set(), seconds=0.05)
     fake.fail_round = 1
