@@ -43,7 +43,7 @@ class Settings:
     lease_s: float = 10.0
     # A cluster node holds a request whose container no node serves yet (a takeover) this long
     # before it answers 503 with Retry-After.
-    takeover_wait_s: float = 5.0
+    takeover_wait_s: float = 2.0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.

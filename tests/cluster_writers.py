@@ -31,6 +31,7 @@ class Outcome:
     status: int | None
     owner: str | None
     retry_after: str | None
+    error: str | None = None  # what the request raised, when there was no answer
 
 
 def segments_in(containers: list[int], count: int, per_container: int, prefix: str) -> list[str]:
@@ -122,8 +123,8 @@ class HttpWriter(threading.Thread):
             try:
                 answer = self.http.post(f"{self.cluster.urls[node]}/v1/segments/{self.segment}", data=data,
                                         headers={"Expected-Offset": str(offset)}, timeout=self.timeout_s)
-            except requests.RequestException:
-                self.outcomes.append(Outcome(sent_at, node, None, None, None))
+            except requests.RequestException as exc:
+                self.outcomes.append(Outcome(sent_at, node, None, None, None, repr(exc)[:300]))
                 uncertain, self._owner = True, None
                 time.sleep(0.1)
                 continue
