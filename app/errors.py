@@ -77,17 +77,6 @@ class InvalidHeader(SegstoreError):
     code = "InvalidHeader"
 
 
-class OutcomeUnknown(SegstoreError):
-    """A forwarded request's node failed while it ran: it may or may not have been applied.
-
-    HTTP-only (a cluster node passing a request on). Unlike a 503 it must not
-    be resent blindly: the client reads back, or resends with a writer id or
-    ``Expected-Offset``, which make a second attempt safe.
-    """
-
-    code = "OutcomeUnknown"
-
-
 class MalformedBody(InvalidArgument):
     """A request body the HTTP server could not decode (a broken ``Transfer-Encoding: chunked``).
 

@@ -27,8 +27,8 @@ from typing import Any
 import requests
 from urllib3.exceptions import NewConnectionError
 
-from app.errors import OutcomeUnknown, render_segstore_error
-from engine import SegmentStore, container_for
+from app.errors import render_segstore_error
+from engine import OutcomeUnknown, SegmentStore, container_for
 
 FORWARDED = "Segstore-Forwarded"
 OWNER = "Segment-Owner"

@@ -4,8 +4,9 @@ Retries. A 503 (``Throttled``: back-pressure or a recovering container) means
 the server did not apply the request, so every request is retried on it,
 after ``Retry-After`` seconds or the exponential backoff, whichever is longer.
 A connection error (or timeout) is different: the request may have been
-applied and only the answer lost. Such a request is retried only when a
-retry is safe: reads, info, seal, truncate, commit (all idempotent), and
+applied and only the answer lost; so may one answered 502 (``OutcomeUnknown``:
+the node serving it failed, or lost its container, while it ran). Such a
+request is retried only when a retry is safe: reads, info, seal, truncate, commit (all idempotent), and
 appends that carry ``Writer-Id`` + ``Event-Number`` (the server drops the
 duplicate) or ``Expected-Offset`` (a second copy fails with 412). A plain
 append, a create, a delete, a merge and an open of a transaction are not
@@ -190,7 +191,10 @@ class SegmentClient:
                 self._learn_route(segment, base, response)
             if response.status_code in ok:
                 return response
-            if response.status_code == 503 and not last:
+            unknown = response.status_code == 502 and safe_to_resend
+            if (response.status_code == 503 or unknown) and not last:
+                if unknown and base != self.endpoint:
+                    self._routes.pop(segment, None)
                 response.close()  # a streamed body would hold its connection until collected
                 time.sleep(self._delay_s(attempt, response))
                 continue

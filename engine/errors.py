@@ -99,6 +99,18 @@ class ContainerNotReady(Throttled):
     """The container is recovering, stopped, or its Tier 1 log failed."""
 
 
+class OutcomeUnknown(SegstoreError):
+    """The request may or may not have been applied: it must not be resent blindly.
+
+    A node that lost its container (fenced by the next owner) while the
+    request's Tier 1 write was in flight, or a forwarded request whose node
+    failed while it ran. The client reads back, or resends with a writer id or
+    ``Expected-Offset``, which make a second attempt safe.
+    """
+
+    code = "OutcomeUnknown"
+
+
 class StorageFull(SegstoreError):
     """Tier 1 has no room for more bytes; nothing acknowledged is lost."""
 

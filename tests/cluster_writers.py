@@ -31,7 +31,7 @@ class Outcome:
     status: int | None
     owner: str | None
     retry_after: str | None
-    error: str | None = None  # what the request raised, when there was no answer
+    error: str | None = None  # what the request raised, or the answer's detail when it was not a 200
 
 
 def segments_in(containers: list[int], count: int, per_container: int, prefix: str) -> list[str]:
@@ -130,16 +130,17 @@ class HttpWriter(threading.Thread):
                 continue
             status = answer.status_code
             self.outcomes.append(Outcome(sent_at, node, status, answer.headers.get("Segment-Owner"),
-                                         answer.headers.get("Retry-After")))
-            if status != 200 and sent_at < self.unknown_before:
-                uncertain, self._owner = True, None
+                                         answer.headers.get("Retry-After"),
+                                         None if status == 200 else answer.text[:300]))
+            if status == 502 or (status != 200 and sent_at < self.unknown_before):
+                uncertain, self._owner = True, None  # 502 OutcomeUnknown: the owner failed during it
                 continue
             if status == 200 and answer.json()["offset"] == offset:
                 self._acked(data)
                 uncertain = False
             elif status == 412 and uncertain:  # the lost attempt landed if its bytes are there
                 if stored(self.cluster, self.segment)[offset:offset + len(data)] != data:
-                    self.failures.append(f"412 at {offset} and the lost append is not there")
+                    self.failures.append(f"412 at {offset} and the lost append is not there; {self._last()}")
                     return
                 self._acked(data)
                 uncertain = False
@@ -147,8 +148,12 @@ class HttpWriter(threading.Thread):
                 self._owner = None
                 time.sleep(0.1)
             else:
-                self.failures.append(f"{node}: {status} {answer.text[:300]}")
+                self.failures.append(f"{node}: {status} {answer.text[:300]}; {self._last()}")
                 return
+
+    def _last(self) -> str:
+        """The answers before the latest, for a failure's message."""
+        return f"answers before: {self.outcomes[-6:-1]}"
 
     def _acked(self, data: bytes) -> None:
         self.acked += data

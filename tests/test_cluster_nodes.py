@@ -92,11 +92,6 @@ def _group_signal(cluster: LocalCluster, node: str, signum: int) -> None:
     os.killpg(proc.pid, signum)  # arbiter and worker together
 
 
-@pytest.mark.xfail(
-    reason="known bug, issue 18 open: under lease churn (every node late renewing on 2 loaded cores) an "
-    "Expected-Offset writer is answered 503 for an append that was applied (its next attempt gets 412)",
-    strict=False,
-)
 def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(cluster_of: Cluster) -> None:
     with cluster_of(3) as cluster:
         counts = cluster.counts("a")
@@ -149,9 +144,11 @@ def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(c
     for writer in writers:
         if not isinstance(writer, HttpWriter):
             continue
-        for seen in writer.outcomes:  # sent while paused, to the paused node, for a container it lost
+        # Sent while paused, to the paused node, for a container it lost: refused, or of unknown outcome
+        # (its Tier 1 write was in flight when it was fenced), never acknowledged.
+        for seen in writer.outcomes:
             if seen.node == victim and paused_at < seen.sent_at < resumed_at and writer.container in lost:
-                assert seen.status in (None, 503) or seen.owner not in (None, victim), seen
+                assert seen.status in (None, 502, 503) or seen.owner not in (None, victim), seen
 
 
 def test_a_joining_node_takes_its_share_and_clients_see_only_successes_and_503(cluster_of: Cluster) -> None:

@@ -20,6 +20,7 @@ from engine import (
     ConditionalCheckFailed,
     InvalidArgument,
     InvalidName,
+    OutcomeUnknown,
     PayloadTooLarge,
     SegmentExists,
     SegmentNotFound,
@@ -54,6 +55,8 @@ def from_engine(err: SegstoreError, *, missing: str = "NoSuchKey") -> S3Error:
     if isinstance(err, Throttled):
         retry = str(max(1, math.ceil(err.retry_after_s)))
         return S3Error("SlowDown", err.detail, headers={"Retry-After": retry})
+    if isinstance(err, OutcomeUnknown):  # an S3 write is whole: resending it is safe
+        return S3Error("InternalError", err.detail)
     if err.code in ("StoreLocked", "StorageFull", "Throttled"):
         return S3Error("ServiceUnavailable", err.detail, headers={"Retry-After": "1"})
     log.error("%s: %s", err.code, err.detail)

@@ -23,6 +23,7 @@ waits while another thread does its I/O (the local files' sync rounds).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -31,7 +32,19 @@ from engine.durable_log.frames import Batch
 
 
 class LogFenced(OSError):
-    """A newer writer owns the log: this one must stop and never acknowledge again (never retried)."""
+    """A newer writer owns the log: this one must stop and never acknowledge again (never retried).
+
+    Writes in flight then have a ``fate``: one the newer writer may read was
+    perhaps applied, so its caller must not be told to resend it blindly.
+    """
+
+
+class Fate(enum.Enum):
+    """What a fenced writer knows of one of its writes: whether the newer writer may read it."""
+
+    UNKNOWN = "unknown"  # it may be in the log the newer writer reads (it landed, or it may have)
+    NOT_SENT = "not sent"  # never sent: not in the log
+    BARRED = "barred"  # the newer writer holds its place: neither it nor any write begun after it is read
 
 
 @dataclass(slots=True)
@@ -42,6 +55,7 @@ class PendingWrite:
     frame_count: int
     data: bytes = field(repr=False)
     index: int = 0  # the log's own number for the write (an object log's write number)
+    fate: Fate = Fate.UNKNOWN  # set by a log that was fenced meanwhile (LogFenced)
 
 
 class DurableDataLog(Protocol):
@@ -71,7 +85,11 @@ class DurableDataLog(Protocol):
         ...
 
     def abandon(self, pending: PendingWrite) -> None:
-        """Forget ``pending`` and every write begun after it; none of them is running."""
+        """Forget ``pending`` and every write begun after it; none of them is running.
+
+        On return none of them is, or will ever be, in the log. Raises OSError
+        when that could not be made sure: any of them may still be read back.
+        """
         ...
 
     def append(self, payload: bytes) -> tuple[int, int]:

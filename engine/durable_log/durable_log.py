@@ -40,10 +40,10 @@ from engine import operations as ops
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.durable_log.completion import Completion
-from engine.durable_log.data_log import DurableDataLog, LogFenced, PendingWrite
+from engine.durable_log.data_log import DurableDataLog, Fate, LogFenced, PendingWrite
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog
-from engine.errors import ContainerNotReady, DataCorrupted, SegstoreError, StorageFull
+from engine.errors import ContainerNotReady, DataCorrupted, OutcomeUnknown, SegstoreError, StorageFull
 from engine.metadata import ContainerMetadata
 from engine.metadata_updater import MetadataUpdater, Outcome
 from engine.metrics import EngineMetrics
@@ -407,13 +407,22 @@ class DurableLog:
         assert cause is not None
         fenced = next((b.error for b in batches if isinstance(b.error, LogFenced)), None)
         error: SegstoreError
+        errors: list[SegstoreError] | None = None
         if fenced is not None:  # stop for good: nothing is acknowledged again
             self._failure = f"fenced: {fenced}"
             error = ContainerNotReady(self._failure, retry_after_s=1)
+            errors = self._fenced_errors(batches, error)
         else:
+            unsettled: OSError | None = None
             if batches[0].write is not None:  # else its begin failed, and nothing began after it
-                self._log_call(self.data_log.abandon, batches[0].write)
-            if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                try:
+                    self._log_call(self.data_log.abandon, batches[0].write)
+                except OSError as exc:
+                    unsettled = exc
+            if unsettled is not None:
+                error = ContainerNotReady(f"Tier 1 write failed: {cause}", retry_after_s=1)
+                errors = self._unsettled_errors(batches, error, unsettled)
+            elif cause.errno in (errno.ENOSPC, errno.EDQUOT):
                 error = StorageFull(f"Tier 1 is full: {cause.strerror}; writes resume once space is freed")
                 self.full = error.detail
                 self.metrics.throttled_storage_full.inc(sum(len(b.items) for b in batches))
@@ -423,11 +432,34 @@ class DurableLog:
         if any(b.logged and isinstance(b.logged[0], ops.MetadataCheckpoint) for b in batches):
             self._bytes_since_checkpoint = self.settings.checkpoint_every_bytes  # the next one leads with it
         log.error("container %d: %s", self.metadata.container_id, error.detail)
-        for batch in batches:
+        for i, batch in enumerate(batches):
             for item in batch.items:
-                item.future.set_exception(error)
+                item.future.set_exception(error if errors is None else errors[i])
         with self._cond:
             self._failing = False
+
+    def _unsettled_errors(
+        self, batches: list[_Batch], refused: ContainerNotReady, why: OSError
+    ) -> list[SegstoreError]:
+        """Each batch's error when a failed write could not be abandoned: those sent may be in the log."""
+        unknown = OutcomeUnknown(f"{refused.detail}; it may still be in the log: {why}")
+        return [refused if b.write is None or b.write.fate is Fate.NOT_SENT else unknown for b in batches]
+
+    def _fenced_errors(self, batches: list[_Batch], refused: ContainerNotReady) -> list[SegstoreError]:
+        """Each batch's error once the log is fenced: a write the new owner may read was perhaps applied.
+
+        Only a write never sent, or one at or behind a write whose place the
+        new owner holds (``Fate``), is surely not applied (503: resend it);
+        any other is ``OutcomeUnknown``, whether or not it completed here.
+        """
+        unknown = OutcomeUnknown(f"{refused.detail}; its Tier 1 write may be in the new owner's log")
+        errors: list[SegstoreError] = []
+        barred = False
+        for batch in batches:
+            fate = Fate.NOT_SENT if batch.write is None else batch.write.fate
+            barred = barred or fate is Fate.BARRED
+            errors.append(refused if barred or fate is Fate.NOT_SENT else unknown)
+        return errors
 
     def _apply(self, logged: list[ops.Operation]) -> None:
         """Commit durable operations: metadata, read index, memory log, tails."""

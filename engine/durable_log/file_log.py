@@ -11,6 +11,7 @@ anything wrong before that is corruption and stops the container.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Iterator
@@ -148,8 +149,13 @@ class FileDataLog:
         return self._fd
 
     def abandon(self, pending: PendingWrite) -> None:
-        """The failed write was cut off already (``_undo``); its frame numbers are free again."""
+        """The failed write was cut off already (``_undo``); its frame numbers are free again.
+
+        If it could not be cut off, it may be read back: OSError.
+        """
         self._next_seq = pending.first_frame_seq
+        if self._broken:
+            raise OSError(errno.EIO, f"Tier 1 is unusable: {self._broken}")
 
     def append(self, payload: bytes) -> tuple[int, int]:
         return write_one(self, payload)

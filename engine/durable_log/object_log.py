@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.durable_log import frames
-from engine.durable_log.data_log import LogFenced, PendingWrite, write_one
+from engine.durable_log.data_log import Fate, LogFenced, PendingWrite, write_one
 from engine.durable_log.wal_object import HEADER_BYTES, WalObject, Writer, decode_object, encode_object
 from engine.errors import DataCorrupted
 from engine.naming import (
@@ -402,11 +402,20 @@ class ObjectDataLog:
         settled by reading the name back: our bytes there are a success, no
         object is a failure; anything else breaks the log, as the
         operations failed to their callers might be in it (a restart recovers).
+        A write that meets a newer writer's object in its name is ``BARRED``:
+        the newer writer reads neither it nor, as ghosts, the writes begun after it.
         """
-        self._check_usable()
+        try:
+            self._check_usable()
+        except OSError:
+            pending.fate = Fate.NOT_SENT
+            raise
         index = pending.index
         try:
             self._create(index, pending.data)
+        except LogFenced:  # a newer writer's write holds the name
+            pending.fate = Fate.BARRED
+            raise
         except ChunkStorageError as exc:
             try:
                 landed = self._get(index)
@@ -416,6 +425,7 @@ class ObjectDataLog:
                 raise OSError(errno.EIO, f"Tier 1 write of {self._name(index)} failed: {exc}") from exc
             if encode_object(landed.writer, landed.base, landed.body) != pending.data:
                 if landed.writer > self.writer:
+                    pending.fate = Fate.BARRED
                     raise self._fence_error(landed.writer) from exc
                 raise self._break(f"{self._name(index)} holds other bytes after a failed write") from exc
         with self._lock:
@@ -487,13 +497,20 @@ class ObjectDataLog:
             raise fenced
 
     def abandon(self, pending: PendingWrite) -> None:
-        """Forget ``pending`` and the writes begun after it; the next ``begin`` repairs the log first."""
+        """Forget ``pending`` and the writes begun after it, and repair the log at once.
+
+        The repair takes the names they left free, so a create whose error
+        hid that it landed (or lands late) is found now, before its callers
+        are answered. If it fails (OSError), the next ``begin`` repairs first.
+        """
         with self._lock:
             if self._repair_from is None:
                 self.generation += 1
                 self._repair_from = pending.index
             self._repair_from = min(self._repair_from, pending.index)
         self._next_seq = pending.first_frame_seq
+        self._check_usable()
+        self._repair()
 
     def _repair(self) -> None:
         """Take, as a new generation, every name the failed writes left free.

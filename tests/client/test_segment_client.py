@@ -223,6 +223,24 @@ def test_connection_error_resends_only_safe_appends(stub: tuple[str, type[_Stub]
     assert len(handler.arrivals) == 2
 
 
+def test_an_unknown_outcome_resends_only_safe_appends(stub: tuple[str, type[_Stub]]) -> None:
+    url, handler = stub
+    unknown = (
+        502,
+        {"Content-Type": "application/problem+json"},
+        json.dumps({"status": 502, "code": "OutcomeUnknown", "detail": "fenced"}).encode(),
+    )
+    ok = (200, {"Content-Type": "application/json"}, b'{"offset": 0, "length": 1}')
+    handler.script += [unknown, unknown, ok]
+    with SegmentClient(url, retries=2, backoff_s=0.01) as client:
+        with pytest.raises(errors.OutcomeUnknown):
+            client.append("a/b", b"x")
+        assert len(handler.arrivals) == 1
+        result = client.append("a/b", b"x", expected_offset=0)
+    assert (result.offset, result.length) == (0, 1)
+    assert len(handler.arrivals) == 3
+
+
 def test_proxies_named_by_the_environment_are_used(
     server: ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

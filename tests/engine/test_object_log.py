@@ -19,7 +19,7 @@ from engine.durable_log.data_log import LogFenced, PendingWrite
 from engine.durable_log.object_log import REACH, ObjectDataLog
 from engine.durable_log.wal_object import decode_object
 from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_prefix
-from engine.tier2.chunk_storage import ChunkInfo
+from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 
@@ -325,8 +325,9 @@ def test_a_repair_that_fails_is_tried_again_by_the_next_write() -> None:
     faulty.fail("create")
     with pytest.raises(OSError):
         log.write(w1)
-    log.abandon(w1)
     faulty.outage("create")
+    with pytest.raises(OSError, match="repair"):
+        log.abandon(w1)  # repairs at once: the caller learns the failed writes may still land
     with pytest.raises(OSError, match="repair"):
         log.begin(b"not yet")
     faulty.end_outage()
@@ -342,10 +343,25 @@ def test_a_write_taken_for_failed_that_landed_after_all_breaks_the_log() -> None
     faulty.fail("create")
     with pytest.raises(OSError):
         log.write(w1)
-    log.abandon(w1)
     inner.create(wal_object_name(C, w1.index), w1.data)  # the request landed after its error
     with pytest.raises(OSError, match="landed after all"):
+        log.abandon(w1)  # found before the write's caller is answered
+    with pytest.raises(OSError, match="unusable"):
         log.begin(b"next")
+
+
+def test_abandoning_a_failed_write_takes_its_name_so_a_late_landing_cannot_happen() -> None:
+    inner = MemoryChunkStorage()
+    faulty = FaultyChunkStorage(inner)
+    log, _ = opened(faulty)
+    w1 = log.begin(b"late")
+    faulty.fail("create")
+    with pytest.raises(OSError):
+        log.write(w1)
+    log.abandon(w1)
+    with pytest.raises(ChunkExists):
+        inner.create(wal_object_name(C, w1.index), w1.data)  # the request arriving after all
+    assert opened(inner)[1] == []
 
 
 def test_a_writer_that_did_not_look_for_a_newer_owner_lately_does_before_it_acknowledges(

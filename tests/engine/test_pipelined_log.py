@@ -3,7 +3,8 @@
 Batches are validated on top of the batches still in flight, written at
 once, and acknowledged strictly in order; a failed write fails every batch
 begun after it (whether or not its own write landed), and a fence fails all
-of them for good.
+of them for good: with 503 when the new owner surely does not read their
+write, else with ``OutcomeUnknown``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine import ContainerNotReady, SegmentStore
+from engine import ContainerNotReady, OutcomeUnknown, SegmentStore
 from engine import operations as ops
 from engine.container import SegmentContainer
+from engine.durable_log import object_log
 from engine.durable_log.completion import Completion
 from engine.durable_log.object_log import ObjectDataLog
 from engine.metadata_updater import Outcome
@@ -39,10 +41,13 @@ class GatedWal(MemoryChunkStorage):
         super().__init__()
         self.gate = threading.Event()
         self.gate.set()
+        self.answers = threading.Event()  # the answer of write ``held`` waits here, once it is stored
+        self.held: int | None = None
+        self.stored: set[int] = set()
         self.entered = 0
         self.most_at_once = 0
         self.delay_s = 0.0
-        self.failing: set[int] = set()  # write numbers whose create fails (before storing)
+        self.failing: list[int] = []  # write numbers whose next create fails (before storing), once each
         self._running = 0
         self._count_lock = threading.Lock()
 
@@ -57,8 +62,14 @@ class GatedWal(MemoryChunkStorage):
             time.sleep(self.delay_s)
             self.gate.wait()
             if int(name.rpartition("/")[2]) in self.failing:
+                self.failing.remove(int(name.rpartition("/")[2]))
                 raise ChunkStorageError(f"injected failure of {name}")
-            return super().create(name, data)
+            handle = super().create(name, data)
+            index = int(name.rpartition("/")[2])
+            self.stored.add(index)
+            if index == self.held:
+                self.answers.wait()
+            return handle
         finally:
             with self._count_lock:
                 self._running -= 1
@@ -92,6 +103,7 @@ class Pipelined:
 
     def restart(self) -> Pipelined:
         self.wal.gate.set()
+        self.wal.answers.set()
         self.store.close()
         return Pipelined(self.wal, self.tier2)
 
@@ -101,6 +113,7 @@ def pipelined() -> Iterator[Pipelined]:
     node = Pipelined(GatedWal())
     yield node
     node.wal.gate.set()
+    node.wal.answers.set()
     node.store.close()
 
 
@@ -166,7 +179,7 @@ def test_a_failed_write_fails_the_batches_begun_after_it_even_if_theirs_landed(p
     pipelined.store.append("s", b"kept")
     pipelined.wal.gate.clear()
     first = pipelined.add_in_flight(append("s", b"one"))
-    pipelined.wal.failing = {pipelined.data_log._next_index}
+    pipelined.wal.failing = [pipelined.data_log._next_index]
     failed = pipelined.add_in_flight(append("s", b"two"))
     behind = pipelined.add_in_flight(append("s", b"three"))
     pipelined.wal.gate.set()
@@ -174,11 +187,24 @@ def test_a_failed_write_fails_the_batches_begun_after_it_even_if_theirs_landed(p
     for future in (failed, behind):
         with pytest.raises(ContainerNotReady, match="Tier 1 write failed"):
             future.result()
-    pipelined.wal.failing = set()
     assert pipelined.store.read("s", 0).data == b"keptone"
     assert pipelined.store.append("s", b"four", expected_offset=7).offset == 7
     restarted = pipelined.restart()
     assert restarted.store.read("s", 0).data == b"keptonefour"
+    restarted.store.close()
+
+
+def test_a_failed_write_whose_name_cannot_be_taken_back_is_an_unknown_outcome(pipelined: Pipelined) -> None:
+    """Its create may still land, so its caller must not be told to resend blindly (503)."""
+    pipelined.store.create("s")
+    index = pipelined.data_log._next_index
+    pipelined.wal.failing = [index, index]  # its create, then the repair's claim of its name
+    failed = pipelined.add(append("s", b"one"))
+    with pytest.raises(OutcomeUnknown, match="may still be in the log"):
+        failed.result()
+    assert pipelined.store.append("s", b"two", expected_offset=0).offset == 0  # repaired first
+    restarted = pipelined.restart()
+    assert restarted.store.read("s", 0).data == b"two"
     restarted.store.close()
 
 
@@ -188,23 +214,55 @@ def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: 
     pipelined.wal.gate.clear()
     in_flight = [pipelined.add_in_flight(append("s", b"x%d" % i)) for i in range(3)]
     new_owner = ObjectDataLog(pipelined.wal, 0, max_frame_bytes=4096)
-    recovered = threading.Thread(target=lambda: list(new_owner.recover()))
+    batches: list = []
+    recovered = threading.Thread(target=lambda: batches.extend(new_owner.recover()))
     recovered.start()
     wait_until(lambda: new_owner.epoch > 0, what="the new owner's epoch")
     time.sleep(0.05)
     pipelined.wal.gate.set()
     recovered.join(10)
+    read = appended(batches)
     answered = []
-    for future in in_flight:
+    for i, future in enumerate(in_flight):
         try:
             future.result()
             answered.append(True)
+            assert b"x%d" % i in read  # acknowledged: in the new owner's log
+        except OutcomeUnknown as exc:
+            assert "fenced" in str(exc)
+            answered.append(None)
         except ContainerNotReady as exc:
             assert "fenced" in str(exc)
             answered.append(False)
-    assert answered == sorted(answered, reverse=True)  # acknowledged in order: a prefix at most
+            assert b"x%d" % i not in read  # told to resend: surely not in it
+    assert answered[: answered.count(True)] == [True] * answered.count(True)  # in order: a prefix at most
     with pytest.raises(ContainerNotReady, match="fenced"):
         pipelined.store.append("s", b"late")
+
+
+def appended(batches: list) -> list[bytes]:
+    """The data of the appends in recovered Tier 1 batches."""
+    return [op.data for b in batches for op in ops.decode_all(b.payload) if isinstance(op, ops.Append)]
+
+
+def test_a_write_that_landed_before_a_fence_is_an_unknown_outcome_not_a_refusal(
+    pipelined: Pipelined, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner paused with its write stored but not answered; the new owner read it, flushed and
+    truncated past it. The old owner learns it was fenced below the log's start: its caller must not
+    be told to resend (503), as the append is in the new owner's segment."""
+    pipelined.store.create("s")
+    pipelined.wal.held = index = pipelined.data_log._next_index
+    landed = pipelined.add(append("s", b"landed", expected_offset=0))
+    wait_until(lambda: index in pipelined.wal.stored, what="the write stored")
+    new_owner = ObjectDataLog(pipelined.wal, 0, max_frame_bytes=4096)
+    assert b"landed" in appended(list(new_owner.recover()))
+    address, _ = new_owner.append(b"the new owner writes on")
+    new_owner.truncate(address)
+    monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)  # the pause outlasted it: the old owner looks
+    pipelined.wal.answers.set()
+    with pytest.raises(OutcomeUnknown, match="fenced"):
+        landed.result()
 
 
 def test_small_appends_wait_for_half_a_write_s_latency_before_another_write(pipelined: Pipelined) -> None:

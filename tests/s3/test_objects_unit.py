@@ -1,4 +1,4 @@
-"""Object helpers in-process: waiting out back-pressure, ETag records, colocated names."""
+"""Object helpers in-process: waiting out back-pressure, ETag records, colocated names, engine errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from app.s3 import objects
+from app.s3.answers import from_engine
 from app.s3.metadata import Stored
-from engine import SegmentStore, Settings, Throttled
+from engine import OutcomeUnknown, SegmentStore, Settings, Throttled
 
 
 @pytest.fixture
@@ -58,3 +59,10 @@ def test_etag_record_only_counts_for_the_bytes_it_was_made_for(store: SegmentSto
     native = store.info("b/k")
     assert objects.etag_of(store, native) == objects.derived_etag(native)
     assert objects.derived_etag(native).endswith("-1")
+
+
+def test_an_unknown_outcome_is_an_internal_error_s3_clients_resend() -> None:
+    """A whole-object write resent is the same write: S3 clients resend a 500 on their own."""
+    err = from_engine(OutcomeUnknown("fenced while its write was in flight"))
+    assert (err.code, err.status) == ("InternalError", 500)
+    assert "fenced" in err.message
