@@ -161,8 +161,11 @@ def _param(request: Request, name: str) -> str | None:
 def int_param(request: Request, name: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
     """An integer query parameter within [minimum, maximum], or None when absent."""
     raw = _param(request, name)
-    if raw is None:
-        return None
+    return None if raw is None else int_value(raw, name, minimum=minimum, maximum=maximum)
+
+
+def int_value(raw: str, name: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    """The value of integer query parameter ``name`` (the read shortcut parses its own query)."""
     value = _int_in_range(raw, f"query parameter {name}", minimum, InvalidArgument)
     if value > maximum:
         raise InvalidArgument(f"query parameter {name} must be at most {maximum}, got {value}")
@@ -177,8 +180,11 @@ def str_param(request: Request, name: str) -> str | None:
 def seconds_param(request: Request, name: str, *, maximum: float) -> float | None:
     """A duration in seconds (``1``, ``0.5``, ``2e-3``) within [0, maximum], or None when absent."""
     raw = _param(request, name)
-    if raw is None:
-        return None
+    return None if raw is None else seconds_value(raw, name, maximum=maximum)
+
+
+def seconds_value(raw: str, name: str, *, maximum: float) -> float:
+    """The value of duration query parameter ``name``, as ``seconds_param`` reads it."""
     if not _SECONDS.fullmatch(raw):
         raise InvalidArgument(f"query parameter {name} must be a number of seconds >= 0, got {_show(raw)}")
     value = float(raw)

@@ -27,7 +27,7 @@ from werkzeug.routing import BaseConverter, Rule
 from app import auth, ops
 from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
-from app.native import appends, params
+from app.native import appends, params, reads
 from app.native.sse import event_stream_response, wants_event_stream
 from engine import (
     ATTRIBUTES_PER_REQUEST_MAX,
@@ -35,7 +35,6 @@ from engine import (
     InvalidArgument,
     InvalidName,
     MergeResult,
-    ReadResult,
     SegmentInfo,
     SegmentNotFound,
     SegmentStore,
@@ -68,11 +67,13 @@ bp.record_once(lambda state: state.app.url_map.converters.update(segment_path=Se
 def init_app(app: Flask) -> None:
     """Register the routes, and the merge source as a name a merge touches (auth judges it).
 
-    Plain appends take the WSGI shortcut (``appends.PlainAppend``) in front of Flask.
+    Plain appends and reads take the WSGI shortcuts (``appends.PlainAppend``,
+    ``reads.PlainRead``) in front of Flask.
     """
     app.register_blueprint(bp)
     auth.add_touches(app, "/v1/segments/", _merge_touches)
     app.wsgi_app = appends.PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = reads.PlainRead(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
 def _merge_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
@@ -150,11 +151,6 @@ def append(name: str) -> Response:
     return _append_with(functools.partial(store().append, name))
 
 
-def _etag(result: ReadResult) -> str:
-    """Bytes below the length never change: segment id + range names them for good."""
-    return f"{result.info.segment_id}-{result.offset}-{result.next_offset}"
-
-
 def read(name: str) -> Response:
     """GET: bytes from ``offset``/``length`` or ``Range``; long-poll with ``wait``; or SSE."""
     byte_range = params.byte_range(request)
@@ -181,20 +177,15 @@ def read(name: str) -> Response:
             offset = max(now.start_offset, now.length - (length or 0))
             length = (now.length - offset) or None
     result = store().read(name, offset, length, wait_s=wait_s or 0.0)
-    headers = segment_headers(result.info)
-    headers["Segment-Next-Offset"] = str(result.next_offset)
-    if result.next_offset == result.offset:
+    status, headers = reads.read_answer(result)
+    if status == 204:
         return Response(status=204, headers=headers)
-    etag = _etag(result)
-    headers["ETag"] = f'"{etag}"'
-    headers["Accept-Ranges"] = "bytes"
-    if request.if_none_match.contains_weak(etag):
+    if request.if_none_match.contains_weak(reads.etag(result)):
+        del headers["Content-Length"]
         return Response(status=304, headers=headers)
-    status = 200
     if byte_range is not None:
         status = 206
         headers["Content-Range"] = f"bytes {result.offset}-{result.next_offset - 1}/*"
-    headers["Content-Length"] = str(result.next_offset - result.offset)
     # The pieces go out one by one: a large read is never joined into one copy.
     return Response(result.pieces, status=status, headers=headers, mimetype="application/octet-stream")
 
