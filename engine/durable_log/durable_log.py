@@ -484,11 +484,11 @@ class DurableLog:
         if appends:
             self.metrics.appends.inc(appends)
             self.metrics.append_bytes.inc(appended_bytes)
+        for segment_id in grown:  # first: a woken tail reader runs before the storage writer
+            self.read_index.notify(segment_id)
         self.memory_log.add(logged)
         if logged:
             self.last_committed_seq = logged[-1].seq
-        for segment_id in grown:
-            self.read_index.notify(segment_id)
         if self._on_commit is not None:
             self._on_commit(logged)
 
