@@ -1,12 +1,10 @@
 """An append's answer, and the native append shortcut: plain appends answered in WSGI, in front of Flask.
 
 An append (``POST /v1/segments/{name}`` with a body and a Content-Length) is
-the hot path of the native API. ``PlainAppend`` serves it without Flask's
-request, context, routing and response objects, which cost more than the
-append itself (the stream surface's shortcut measured the same). Its
-conditions (``Expected-Offset``, ``Writer-Id`` + ``Event-Number``,
-``Event-Count``) are read by the same parser as the view's, its answer is
-rendered by the same ``append_answer``, and its errors by Flask's handlers.
+the hot path of the native API. ``PlainAppend`` (an ``app.shortcut``) serves
+it in front of Flask. Its conditions (``Expected-Offset``, ``Writer-Id`` +
+``Event-Number``, ``Event-Count``) are read by the same parser as the view's,
+its answer is rendered by the same ``append_answer``.
 """
 
 from __future__ import annotations
@@ -17,11 +15,11 @@ from typing import Any
 
 from flask import Flask
 
-from app import inputs, ops
-from app.auth import AuthConfig
-from app.errors import rendered_in_flask, segment_headers
+from app import inputs
+from app.errors import segment_headers
 from app.native import params
-from engine import AppendResult, SegmentStore, SegstoreError, validate_segment_name
+from app.shortcut import WsgiShortcut
+from engine import AppendResult, SegmentStore, validate_segment_name
 
 ROUTE = "/v1/segments/{name}"
 _PREFIX = "/v1/segments/"
@@ -39,26 +37,23 @@ def append_answer(result: AppendResult) -> tuple[dict[str, str], bytes]:
     return headers, json.dumps(body, separators=(",", ":")).encode()
 
 
-class PlainAppend:
+class PlainAppend(WsgiShortcut[tuple[str, int]]):
     """WSGI shortcut for ``POST /v1/segments/{name}`` with a Content-Length body and no query.
 
     Anything else (custom methods such as ``:seal``, a query string, chunked
     bodies, native auth, paths that are not UTF-8) goes to Flask untouched.
-    No Flask hook runs for a shortcut append: a ``before_request`` that
-    matters to appends must be added here too (today: UTF-8 paths, and auth,
-    for which the shortcut steps aside).
     """
 
+    route = ROUTE
+
     def __init__(self, app: Flask, wsgi_app: Any) -> None:
-        self.app = app
-        self.wsgi_app = wsgi_app
+        super().__init__(app, wsgi_app)
         self.store: SegmentStore = app.extensions["segstore"]
         self.max_bytes: int = self.store.settings.max_append_bytes
-        self.auth: AuthConfig = app.extensions["segstore.auth"]
 
-    def _plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
+    def plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
         """(segment name, body length) of a plain append, else None."""
-        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled or environ.get("QUERY_STRING"):
+        if environ["REQUEST_METHOD"] != "POST" or environ.get("QUERY_STRING"):
             return None
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(_PREFIX) or len(path) == len(_PREFIX) or ":" in path:
@@ -66,25 +61,18 @@ class PlainAppend:
         length = inputs.plain_body_length(environ, self.max_bytes)
         return None if length is None else (path[len(_PREFIX) :].encode("latin-1").decode("utf-8"), length)
 
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        plain = self._plain(environ)
-        if plain is None:
-            return self.wsgi_app(environ, start_response)
+    def serve(self, environ: dict[str, Any], start_response: Any, plain: tuple[str, int]) -> Iterable[bytes]:
         name, length = plain
-        environ[ops.ROUTE_KEY] = ROUTE
-        try:
-            validate_segment_name(name)
-            conditions = params.append_conditions(environ)
-            result = self.store.append(
-                name,
-                inputs.exact_body(environ, length),
-                expected_offset=conditions.expected_offset,
-                writer_id=conditions.writer_id,
-                event_number=conditions.event_number,
-                event_count=conditions.event_count,
-            )
-        except SegstoreError as err:
-            return rendered_in_flask(self.app, environ, start_response, err)
+        validate_segment_name(name)
+        conditions = params.append_conditions(environ)
+        result = self.store.append(
+            name,
+            inputs.exact_body(environ, length),
+            expected_offset=conditions.expected_offset,
+            writer_id=conditions.writer_id,
+            event_number=conditions.event_number,
+            event_count=conditions.event_count,
+        )
         headers, answer = append_answer(result)
         start_response(
             "200 OK",

@@ -1,11 +1,10 @@
 """A read's answer, and the native read shortcut: plain reads and long-polls answered in WSGI.
 
 A tail reader long-polls ``GET /v1/segments/{name}?offset=N&wait=S`` once per
-batch of appends it follows, so its path is as hot as the append's. Like
-``appends.PlainAppend``, ``PlainRead`` answers the plain form without
-Flask's request, context, routing and response objects; its parameters are
-parsed by the view's functions, its answer built by the same ``read_answer``,
-its errors rendered by Flask's handlers.
+batch of appends it follows, so its path is as hot as the append's.
+``PlainRead`` (an ``app.shortcut``) serves the plain form in front of Flask;
+its parameters are parsed by the view's functions, its answer built by the
+same ``read_answer``.
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ from typing import Any
 
 from flask import Flask
 
-from app import inputs, ops
-from app.auth import AuthConfig
-from app.errors import rendered_in_flask, segment_headers
+from app import inputs
+from app.errors import segment_headers
 from app.native import params
-from engine import ReadResult, SegmentStore, SegstoreError, validate_segment_name
+from app.shortcut import WsgiShortcut
+from engine import ReadResult, SegmentStore, validate_segment_name
 
 ROUTE = "/v1/segments/{name}"
 _PREFIX = "/v1/segments/"
@@ -47,26 +46,24 @@ def read_answer(result: ReadResult) -> tuple[int, dict[str, str]]:
     return 200, headers
 
 
-class PlainRead:
+class PlainRead(WsgiShortcut[tuple[str, dict[str, str]]]):
     """WSGI shortcut for ``GET /v1/segments/{name}`` with at most ``offset`` and ``wait``.
 
     Anything else (a custom method such as ``:info``, another parameter, a
     repeated or percent-encoded one, ``Range``, ``If-None-Match``, an SSE
     request, native auth, a path that is not UTF-8) goes to Flask untouched.
-    No Flask hook runs for it: a ``before_request`` that matters to reads
-    must be added here too.
     """
 
+    route = ROUTE
+
     def __init__(self, app: Flask, wsgi_app: Any) -> None:
-        self.app = app
-        self.wsgi_app = wsgi_app
+        super().__init__(app, wsgi_app)
         self.store: SegmentStore = app.extensions["segstore"]
         self.wait_max_s: float = self.store.settings.tail_wait_max_s
-        self.auth: AuthConfig = app.extensions["segstore.auth"]
 
-    def _plain(self, environ: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
+    def plain(self, environ: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
         """(segment name, query parameters) of a plain read, else None."""
-        if environ["REQUEST_METHOD"] != "GET" or self.auth.native_enabled:
+        if environ["REQUEST_METHOD"] != "GET":
             return None
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(_PREFIX) or len(path) == len(_PREFIX) or ":" in path:
@@ -84,21 +81,16 @@ class PlainRead:
             return None
         return path[len(_PREFIX) :].encode("latin-1").decode("utf-8"), query
 
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        plain = self._plain(environ)
-        if plain is None:
-            return self.wsgi_app(environ, start_response)
+    def serve(
+        self, environ: dict[str, Any], start_response: Any, plain: tuple[str, dict[str, str]]
+    ) -> Iterable[bytes]:
         name, query = plain
-        environ[ops.ROUTE_KEY] = ROUTE
-        try:
-            validate_segment_name(name)
-            offset = None if "offset" not in query else params.int_value(query["offset"], "offset")
-            wait_s = 0.0
-            if "wait" in query:
-                wait_s = params.seconds_value(query["wait"], "wait", maximum=self.wait_max_s)
-            result = self.store.read(name, offset, None, wait_s=wait_s)
-        except SegstoreError as err:
-            return rendered_in_flask(self.app, environ, start_response, err)
+        validate_segment_name(name)
+        offset = None if "offset" not in query else params.int_value(query["offset"], "offset")
+        wait_s = 0.0
+        if "wait" in query:
+            wait_s = params.seconds_value(query["wait"], "wait", maximum=self.wait_max_s)
+        result = self.store.read(name, offset, None, wait_s=wait_s)
         status, headers = read_answer(result)
         if status == 204:
             start_response("204 No Content", list(headers.items()))

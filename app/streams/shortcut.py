@@ -12,12 +12,10 @@ from typing import Any
 
 from flask import Flask
 
-from app import inputs, ops
-from app.auth import AuthConfig
-from app.errors import rendered_in_flask
+from app import inputs
+from app.shortcut import WsgiShortcut
 from app.streams.protocol import CORS_HEADERS, PREFIX
 from app.streams.store import StreamStore
-from engine import SegstoreError
 
 _ROUTE = "/v1/stream/<stream_path:name>"
 # Headers that make an append more than a plain one: Flask serves those.
@@ -31,7 +29,7 @@ _NOT_PLAIN = (
 _APPENDED_HEADERS = list(CORS_HEADERS.items())
 
 
-class PlainAppend:
+class PlainAppend(WsgiShortcut[tuple[str, int]]):
     """WSGI shortcut for the hot path: a POST with a body and a Content-Length, and nothing else.
 
     It answers what ``append`` would (204 with ``Stream-Next-Offset`` and the
@@ -40,21 +38,19 @@ class PlainAppend:
     (measured: 1.6k req/s under Flask, 4.7k for plain WSGI).
     Anything else (producers, ``Stream-Seq``, closing, chunked bodies,
     native auth, paths Flask would redirect) goes to Flask untouched, and an
-    error of the append is rendered by the blueprint's own handler. No other
-    Flask hook runs for it: a ``before_request`` added for stream routes
-    must be added here too.
+    error of the append is rendered by the blueprint's own handler.
     """
 
+    route = _ROUTE
+
     def __init__(self, app: Flask, wsgi_app: Any) -> None:
-        self.app = app
-        self.wsgi_app = wsgi_app
+        super().__init__(app, wsgi_app)
         self.streams: StreamStore = app.extensions["streams"]
         self.max_bytes: int = app.extensions["segstore"].settings.max_append_bytes
-        self.auth: AuthConfig = app.extensions["segstore.auth"]
 
-    def _plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
+    def plain(self, environ: dict[str, Any]) -> tuple[str, int] | None:
         """(stream name, body length) of a plain append, else None."""
-        if environ["REQUEST_METHOD"] != "POST" or self.auth.native_enabled:
+        if environ["REQUEST_METHOD"] != "POST":
             return None
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(PREFIX) or len(path) == len(PREFIX) or "//" in path:
@@ -64,16 +60,9 @@ class PlainAppend:
         length = inputs.plain_body_length(environ, self.max_bytes)
         return None if length is None else (path[len(PREFIX) :].encode("latin-1").decode("utf-8"), length)
 
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        plain = self._plain(environ)
-        if plain is None:
-            return self.wsgi_app(environ, start_response)
+    def serve(self, environ: dict[str, Any], start_response: Any, plain: tuple[str, int]) -> Iterable[bytes]:
         name, length = plain
-        environ[ops.ROUTE_KEY] = _ROUTE
-        try:
-            body = inputs.exact_body(environ, length)
-            outcome = self.streams.append(name, body, content_type=environ["CONTENT_TYPE"])
-        except SegstoreError as err:
-            return rendered_in_flask(self.app, environ, start_response, err)
+        body = inputs.exact_body(environ, length)
+        outcome = self.streams.append(name, body, content_type=environ["CONTENT_TYPE"])
         start_response("204 NO CONTENT", [("Stream-Next-Offset", outcome.next_offset), *_APPENDED_HEADERS])
         return []
