@@ -110,6 +110,7 @@ class DurableLog:
         self._cond = threading.Condition(lock)  # the processor waits here: requests, completed writes
         self._work = threading.Condition(lock)  # the writer threads wait here: writes to send
         self._batches: deque[_Batch] = deque()  # begun, not yet committed, in order
+        self._committing: _Batch | None = None  # taken off _batches, its callers not all answered yet
         self._to_write: deque[_Batch] = deque()
         self._failing = False  # a write failed and its batch is not handled yet
         self._closed = False
@@ -285,10 +286,14 @@ class DurableLog:
             self._failure = f"the operation processor failed: {exc}"
             with self._cond:
                 batches, self._batches = list(self._batches), deque()
-            for batch in batches:
+            if self._committing is not None:
+                batches.insert(0, self._committing)
+            refused = ContainerNotReady(self._failure)
+            unknown = OutcomeUnknown(f"{self._failure}; the request's Tier 1 write may be in the log")
+            for batch in batches:  # a batch whose write began may be in Tier 1, even applied
                 for item in batch.items:
                     if not item.future.done():
-                        item.future.set_exception(ContainerNotReady(self._failure))
+                        item.future.set_exception(refused if batch.write is None else unknown)
         finally:
             if self._failure:
                 self._fail_queued(ContainerNotReady(self._failure, retry_after_s=1))
@@ -377,7 +382,9 @@ class DurableLog:
                 self._batches.popleft()
                 if self._batches:  # its view of this batch is the committed metadata now
                     self._batches[0].updater.parent = None
+            self._committing = batch
             self._commit(batch)
+            self._committing = None
 
     def _commit(self, batch: _Batch) -> None:
         if batch.write is not None:

@@ -110,7 +110,8 @@ def test_shortcut_reads_are_counted_in_the_request_metrics(client: FlaskClient) 
 def test_with_native_auth_on_reads_go_through_flasks_checks(settings: Settings, tmp_path: Path) -> None:
     token = "reader-token-0123456789abcdef"
     auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(f'[[token]]\nname = "r"\ntoken = "{token}"\ngrants = [{{prefix = "", access = "write"}}]\n')
+    grants = 'grants = [{prefix = "", access = "write"}]'
+    auth_file.write_text(f'[[token]]\nname = "r"\ntoken = "{token}"\n{grants}\n')
     app = create_app(replace(settings, auth_file=str(auth_file)))
     store = app.extensions["segstore"]
     try:

@@ -208,6 +208,27 @@ def test_a_failed_write_whose_name_cannot_be_taken_back_is_an_unknown_outcome(pi
     restarted.store.close()
 
 
+def test_a_processor_failure_answers_an_unknown_outcome_for_writes_it_began(
+    pipelined: Pipelined, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while committing: the write is in Tier 1 (a restart replays it), so no 503 for it."""
+    pipelined.store.create("s")
+    log = pipelined.container.durable_log
+
+    def broken(logged: list[ops.Operation]) -> None:
+        raise RuntimeError("a bug while applying")
+
+    monkeypatch.setattr(log, "_apply", broken)
+    with pytest.raises(OutcomeUnknown, match="processor failed"):
+        pipelined.store.append("s", b"written")
+    with pytest.raises(ContainerNotReady, match="processor failed"):
+        pipelined.store.append("s", b"refused")
+    monkeypatch.undo()
+    restarted = pipelined.restart()
+    assert restarted.store.read("s", 0).data == b"written"
+    restarted.store.close()
+
+
 def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: Pipelined) -> None:
     pipelined.store.create("s")
     pipelined.store.append("s", b"kept")
