@@ -157,8 +157,12 @@ class ServerProcess:
 
 
 def _group_alive(pgid: int) -> bool:
-    """True while a process of the group is still running (zombies awaiting reaping are dead)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    """True while a process of the group is still running (zombies awaiting reaping are dead).
+
+    Every thread counts: a process whose main thread is a zombie while another
+    thread still finishes a system call keeps its files, its sockets too, open.
+    """
+    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):

@@ -274,6 +274,7 @@ def test_a_request_during_a_takeover_answers_503_past_the_bound(
     tmp_path: Path, moto_endpoint: str, s3_bucket: str
 ) -> None:
     answer, waited_s = _takeover(tmp_path, moto_endpoint, s3_bucket, wait_s=0.5)
-    assert answer.status_code == 503 and "container" in answer.json()["detail"]  # ContainerNotReady
+    assert answer.status_code == 503, answer.text
+    assert "container" in answer.json()["detail"]  # ContainerNotReady
     assert answer.headers["Retry-After"] == "1"
     assert 0.5 <= waited_s < 10, waited_s
