@@ -418,7 +418,8 @@ class DurableLog:
         if fenced is not None:  # stop for good: nothing is acknowledged again
             self._failure = f"fenced: {fenced}"
             error = ContainerNotReady(self._failure, retry_after_s=1)
-            errors = self._fenced_errors(batches, error)
+            unknown = OutcomeUnknown(f"{self._failure}; its Tier 1 write may be in the new owner's log")
+            errors = self._errors_by_fate(batches, error, unknown)
         else:
             unsettled: OSError | None = None
             if batches[0].write is not None:  # else its begin failed, and nothing began after it
@@ -428,7 +429,8 @@ class DurableLog:
                     unsettled = exc
             if unsettled is not None:
                 error = ContainerNotReady(f"Tier 1 write failed: {cause}", retry_after_s=1)
-                errors = self._unsettled_errors(batches, error, unsettled)
+                unknown = OutcomeUnknown(f"{error.detail}; it may still be in the log: {unsettled}")
+                errors = self._errors_by_fate(batches, error, unknown)
             elif cause.errno in (errno.ENOSPC, errno.EDQUOT):
                 error = StorageFull(f"Tier 1 is full: {cause.strerror}; writes resume once space is freed")
                 self.full = error.detail
@@ -445,21 +447,16 @@ class DurableLog:
         with self._cond:
             self._failing = False
 
-    def _unsettled_errors(
-        self, batches: list[_Batch], refused: ContainerNotReady, why: OSError
+    @staticmethod
+    def _errors_by_fate(
+        batches: list[_Batch], refused: ContainerNotReady, unknown: OutcomeUnknown
     ) -> list[SegstoreError]:
-        """Each batch's error when a failed write could not be abandoned: those sent may be in the log."""
-        unknown = OutcomeUnknown(f"{refused.detail}; it may still be in the log: {why}")
-        return [refused if b.write is None or b.write.fate is Fate.NOT_SENT else unknown for b in batches]
+        """Each batch's error when its write may still be read back (fenced, or not abandoned).
 
-    def _fenced_errors(self, batches: list[_Batch], refused: ContainerNotReady) -> list[SegstoreError]:
-        """Each batch's error once the log is fenced: a write the new owner may read was perhaps applied.
-
-        Only a write never sent, or one at or behind a write whose place the
-        new owner holds (``Fate``), is surely not applied (503: resend it);
-        any other is ``OutcomeUnknown``, whether or not it completed here.
+        Only a write never sent, or one at or behind a write whose place a
+        newer writer holds (``Fate``), is surely not applied (``refused``,
+        503: resend it); any other is ``unknown``, whether or not it completed.
         """
-        unknown = OutcomeUnknown(f"{refused.detail}; its Tier 1 write may be in the new owner's log")
         errors: list[SegstoreError] = []
         barred = False
         for batch in batches:

@@ -7,8 +7,6 @@ import io
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, request, request_started
@@ -16,8 +14,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from app import create_app
-from engine import Settings
+from tests.app.conftest import WRITER_TOKEN
 
 URL = "/v1/segments/"
 
@@ -123,19 +120,8 @@ def test_shortcut_appends_are_counted_in_the_request_metrics(client: FlaskClient
     assert counts == [f"{line} 3.0"]
 
 
-def test_with_native_auth_on_appends_go_through_flasks_checks(settings: Settings, tmp_path: Path) -> None:
-    token = "writer-token-0123456789abcdef"
-    auth_file = tmp_path / "auth.toml"
-    grants = 'grants = [{prefix = "", access = "write"}]'
-    auth_file.write_text(f'[[token]]\nname = "w"\ntoken = "{token}"\n{grants}\n')
-    app = create_app(replace(settings, auth_file=str(auth_file)))
-    store = app.extensions["segstore"]
-    try:
-        store.wait_ready(30)
-        client = app.test_client()
-        granted = {"Authorization": f"Bearer {token}"}
-        assert client.put(URL + "s", headers=granted).status_code == 201
-        assert client.post(URL + "s", data=b"x").status_code == 401
-        assert client.post(URL + "s", data=b"x", headers=granted).status_code == 200
-    finally:
-        store.close()
+def test_with_native_auth_on_appends_go_through_flasks_checks(auth_client: FlaskClient) -> None:
+    granted = {"Authorization": f"Bearer {WRITER_TOKEN}"}
+    assert auth_client.put(URL + "s", headers=granted).status_code == 201
+    assert auth_client.post(URL + "s", data=b"x").status_code == 401
+    assert auth_client.post(URL + "s", data=b"x", headers=granted).status_code == 200

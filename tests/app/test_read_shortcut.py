@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app
-from engine import Settings
+from tests.app.conftest import WRITER_TOKEN
 from tests.app.test_append_shortcut import flask_requests
 
 URL = "/v1/segments/"
@@ -107,19 +104,8 @@ def test_shortcut_reads_are_counted_in_the_request_metrics(client: FlaskClient) 
     assert counts == [f"{line} 3.0"]
 
 
-def test_with_native_auth_on_reads_go_through_flasks_checks(settings: Settings, tmp_path: Path) -> None:
-    token = "reader-token-0123456789abcdef"
-    auth_file = tmp_path / "auth.toml"
-    grants = 'grants = [{prefix = "", access = "write"}]'
-    auth_file.write_text(f'[[token]]\nname = "r"\ntoken = "{token}"\n{grants}\n')
-    app = create_app(replace(settings, auth_file=str(auth_file)))
-    store = app.extensions["segstore"]
-    try:
-        store.wait_ready(30)
-        client = app.test_client()
-        granted = {"Authorization": f"Bearer {token}"}
-        assert client.put(URL + "s", headers=granted).status_code == 201
-        assert client.get(URL + "s").status_code == 401
-        assert client.get(URL + "s", headers=granted).status_code == 204
-    finally:
-        store.close()
+def test_with_native_auth_on_reads_go_through_flasks_checks(auth_client: FlaskClient) -> None:
+    granted = {"Authorization": f"Bearer {WRITER_TOKEN}"}
+    assert auth_client.put(URL + "s", headers=granted).status_code == 201
+    assert auth_client.get(URL + "s").status_code == 401
+    assert auth_client.get(URL + "s", headers=granted).status_code == 204

@@ -335,14 +335,20 @@ def test_a_repair_that_fails_is_tried_again_by_the_next_write() -> None:
     assert opened(inner)[1] == [b"after the outage"]
 
 
-def test_a_write_taken_for_failed_that_landed_after_all_breaks_the_log() -> None:
+def failed_write(payload: bytes) -> tuple[MemoryChunkStorage, ObjectDataLog, PendingWrite]:
+    """A log whose write of ``payload`` failed (its create raised, nothing stored); not abandoned yet."""
     inner = MemoryChunkStorage()
     faulty = FaultyChunkStorage(inner)
     log, _ = opened(faulty)
-    w1 = log.begin(b"late")
+    pending = log.begin(payload)
     faulty.fail("create")
     with pytest.raises(OSError):
-        log.write(w1)
+        log.write(pending)
+    return inner, log, pending
+
+
+def test_a_write_taken_for_failed_that_landed_after_all_breaks_the_log() -> None:
+    inner, log, w1 = failed_write(b"late")
     inner.create(wal_object_name(C, w1.index), w1.data)  # the request landed after its error
     with pytest.raises(OSError, match="landed after all"):
         log.abandon(w1)  # found before the write's caller is answered
@@ -351,13 +357,7 @@ def test_a_write_taken_for_failed_that_landed_after_all_breaks_the_log() -> None
 
 
 def test_abandoning_a_failed_write_takes_its_name_so_a_late_landing_cannot_happen() -> None:
-    inner = MemoryChunkStorage()
-    faulty = FaultyChunkStorage(inner)
-    log, _ = opened(faulty)
-    w1 = log.begin(b"late")
-    faulty.fail("create")
-    with pytest.raises(OSError):
-        log.write(w1)
+    inner, log, w1 = failed_write(b"late")
     log.abandon(w1)
     with pytest.raises(ChunkExists):
         inner.create(wal_object_name(C, w1.index), w1.data)  # the request arriving after all
