@@ -23,15 +23,17 @@ it was given when the node refuses (503) or cannot be reached.
 from __future__ import annotations
 
 import contextlib
+import json as jsonlib
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
 
 from client.errors import error_from_response
 
@@ -177,9 +179,7 @@ class SegmentClient:
             last = attempt == self.retries
             base = self._routes.get(segment, self.endpoint) if segment else self.endpoint
             try:
-                response = self.session.request(
-                    method, base + path, timeout=timeout, **self._environment_of(base), **kwargs
-                )
+                response = self._send(method, base, path, timeout, **kwargs)
             except (requests.ConnectionError, requests.Timeout):
                 if base != self.endpoint:
                     self._routes.pop(segment, None)
@@ -200,6 +200,43 @@ class SegmentClient:
                 continue
             raise error_from_response(response)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _send(
+        self,
+        method: str,
+        base: str,
+        path: str,
+        timeout: float,
+        *,
+        params: dict[str, Any] | None = None,
+        data: bytes | None = None,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        """One request, straight to the session's adapter.
+
+        ``Session.request`` would merge settings, cookies and hooks and follow
+        redirects on every call: about as much client CPU as the rest of a
+        small request, and none of it applies to segstore's API (no cookies,
+        no redirects; the environment's settings are read once per node).
+        """
+        prepared = requests.PreparedRequest()
+        prepared.method = method
+        prepared.url = base + path + ("?" + urlencode(params) if params else "")
+        prepared.headers = CaseInsensitiveDict(self.session.headers)
+        if json is not None:
+            data = jsonlib.dumps(json).encode()
+            prepared.headers["Content-Type"] = "application/json"
+        if headers:
+            prepared.headers.update(headers)
+        prepared.body = data
+        if data is not None:
+            prepared.headers["Content-Length"] = str(len(data))
+        elif method not in ("GET", "HEAD"):
+            prepared.headers["Content-Length"] = "0"
+        adapter = self.session.get_adapter(prepared.url)
+        return adapter.send(prepared, stream=stream, timeout=timeout, **self._environment_of(base))
 
     def _environment_of(self, base: str) -> dict[str, Any]:
         """The proxies, CA bundle and client certificate the environment names for ``base``."""
