@@ -60,6 +60,8 @@ _BATCH_MAX_BYTES = 16 * 1024 * 1024
 # request (and CPU), so small appends share writes, while large ones fill several at once.
 _IN_FLIGHT_MIN_BYTES = 1024 * 1024
 _IN_FLIGHT_WAIT_SHARE = 0.5
+# How long closing waits for the processor to drain the writes in flight, and then for each writer.
+CLOSE_WAIT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -208,13 +210,14 @@ class DurableLog:
             self._closed = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(CLOSE_WAIT_S)
         with self._cond:
             self._stopping = True
             self._work.notify_all()
         for writer in self._writers:
-            writer.join(30)
+            writer.join(CLOSE_WAIT_S)
         self._fail_queued(ContainerNotReady("the container is stopping"))
+        self._answer_begun("the container stopped before its Tier 1 write completed")
         self.memory_log.close()
         self._log_call(self.data_log.close)
 
@@ -284,19 +287,27 @@ class DurableLog:
         except Exception as exc:  # a bug: stop taking writes rather than corrupt
             log.exception("container %d: processor failed", self.metadata.container_id)
             self._failure = f"the operation processor failed: {exc}"
-            with self._cond:
-                batches, self._batches = list(self._batches), deque()
-            if self._committing is not None:
-                batches.insert(0, self._committing)
-            refused = ContainerNotReady(self._failure)
-            unknown = OutcomeUnknown(f"{self._failure}; the request's Tier 1 write may be in the log")
-            for batch in batches:  # a batch whose write began may be in Tier 1, even applied
-                for item in batch.items:
-                    if not item.future.done():
-                        item.future.set_exception(refused if batch.write is None else unknown)
+            self._answer_begun(self._failure, committing=self._committing)
         finally:
             if self._failure:
                 self._fail_queued(ContainerNotReady(self._failure, retry_after_s=1))
+
+    def _answer_begun(self, reason: str, committing: _Batch | None = None) -> None:
+        """Answer the callers of every batch begun and not committed, which the processor no longer will.
+
+        A batch whose Tier 1 write began may be in the log (even applied), so
+        its callers get ``OutcomeUnknown``; the others were not applied (503).
+        """
+        with self._cond:
+            batches, self._batches = list(self._batches), deque()
+        if committing is not None:
+            batches.insert(0, committing)
+        refused = ContainerNotReady(reason)
+        unknown = OutcomeUnknown(f"{reason}; the request's Tier 1 write may be in the log")
+        for batch in batches:
+            for item in batch.items:
+                if not item.future.done():
+                    item.future.set_exception(refused if batch.write is None else unknown)
 
     def _begin(self, items: list[_Pending]) -> None:
         """Validate a batch on top of those in flight and begin its Tier 1 write."""

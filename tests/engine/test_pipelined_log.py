@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from engine import ContainerNotReady, OutcomeUnknown, SegmentStore
 from engine import operations as ops
 from engine.container import SegmentContainer
-from engine.durable_log import object_log
+from engine.durable_log import durable_log, object_log
 from engine.durable_log.completion import Completion
 from engine.durable_log.object_log import ObjectDataLog
 from engine.metadata_updater import Outcome
@@ -227,6 +227,20 @@ def test_a_processor_failure_answers_an_unknown_outcome_for_writes_it_began(
     restarted = pipelined.restart()
     assert restarted.store.read("s", 0).data == b"written"
     restarted.store.close()
+
+
+def test_closing_answers_the_writes_still_in_flight_once_it_stops_waiting(
+    pipelined: Pipelined, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Tier 1 write that outlasts closing: its caller gets an unknown outcome, not silence."""
+    monkeypatch.setattr(durable_log, "CLOSE_WAIT_S", 0.2)
+    pipelined.store.create("s")
+    pipelined.wal.gate.clear()
+    future = pipelined.add_in_flight(append("s", b"stuck"))
+    pipelined.container.durable_log.close()
+    assert future.done()
+    with pytest.raises(OutcomeUnknown, match="stopped before its Tier 1 write completed"):
+        future.result()
 
 
 def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: Pipelined) -> None:
