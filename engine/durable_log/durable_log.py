@@ -105,7 +105,7 @@ class DurableLog:
         self.metadata = metadata
         self.read_index = read_index
         self.metrics = metrics
-        self.memory_log = OperationLog()
+        self.memory_log = OperationLog(wake_bytes=settings.flush_threshold_bytes)
         self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
         lock = threading.Lock()

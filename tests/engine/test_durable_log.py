@@ -229,6 +229,30 @@ def test_backlog_limit_throttles_appends(make_node: Callable[..., Node]) -> None
     assert node.store.info("s").length == 1200
 
 
+def _reader_woken_by(log: OperationLog, added: list[ops.Operation]) -> bool:
+    """Whether ``add(added)`` wakes a reader waiting on an empty log (before its 5 s timeout)."""
+    got: list[list[ops.Operation]] = []
+    reader = threading.Thread(target=lambda: got.append(log.read(0, 10, 5)))
+    reader.start()
+    time.sleep(0.05)  # parked
+    log.add(added)
+    reader.join(0.5)
+    woken = not reader.is_alive()
+    log.add([ops.Seal(seq=added[-1].seq + 1)])
+    reader.join(5)
+    assert got and got[0][0] is added[0]
+    return woken
+
+
+def test_small_appends_do_not_wake_the_writer_but_enough_bytes_or_other_operations_do() -> None:
+    def appended(seq: int, length: int) -> ops.Append:
+        return ops.Append(seq=seq, offset=0, length=length)
+
+    assert not _reader_woken_by(OperationLog(wake_bytes=1000), [appended(1, 400), appended(2, 400)])
+    assert _reader_woken_by(OperationLog(wake_bytes=1000), [appended(1, 400), appended(2, 600)])
+    assert _reader_woken_by(OperationLog(wake_bytes=1000), [appended(1, 10), ops.Truncate(seq=2)])
+
+
 def test_memory_log_releases_what_the_writer_consumed() -> None:
     log = OperationLog()
     log.add([ops.Seal(seq=1), ops.Seal(seq=2)])
