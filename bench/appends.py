@@ -13,7 +13,11 @@
 (d) MiB/s of 1 MiB appends from a few clients, against (c)'s bandwidth;
 (e) tail latency: a long-poll reader follows a segment while a writer appends
     at a fixed rate; from just before an append is sent to the reader
-    receiving its bytes;
+    receiving its bytes. The writer waits for each answer before it sends
+    the next append, so the rate holds only while answers take less than
+    the interval: the report gives the rate the appends went out at.
+    ``--tail-connections N`` sends append i on connection i mod N, for the
+    rate a server's answers cannot keep up with on one;
 (f) group commit across containers: 64 clients append to one segment, then
     to 16 segments spread over the 4 containers; operations per Tier 1 sync
     (``segstore_tier1_syncs_total``) of the spread load over the single one.
@@ -86,6 +90,7 @@ class Plan:
     big_duration_s: float
     disk_s: float
     tail_rate: float
+    tail_connections: int
     tail_duration_s: float
     client_processes: int
 
@@ -100,6 +105,7 @@ class Plan:
             big_duration_s=2.0 if quick else 5.0,
             disk_s=0.5 if quick else 2.0,
             tail_rate=args.tail_rate,
+            tail_connections=args.tail_connections,
             tail_duration_s=2.0 if quick else 5.0,
             client_processes=args.client_processes,
         )
@@ -147,6 +153,7 @@ class TailResult:
     """Milliseconds from just before an append is sent to a long-poll reader getting it."""
 
     appends: int
+    sent_per_s: float  # the rate the appends went out at (below the plan's when the server lags)
     delivered_p50_ms: float
     delivered_p99_ms: float
     delivered_max_ms: float
@@ -154,7 +161,9 @@ class TailResult:
     ack_p99_ms: float
 
 
-async def _tail_latency(port: int, segment: str, rate: float, duration_s: float) -> TailResult:
+async def _tail_latency(
+    port: int, segment: str, rate: float, duration_s: float, connections: int = 1
+) -> TailResult:
     loop = asyncio.get_running_loop()
     total = int(rate * duration_s)
     sent = [0.0] * total
@@ -163,10 +172,11 @@ async def _tail_latency(port: int, segment: str, rate: float, duration_s: float)
     pad = b"t" * (SMALL_APPEND_BYTES - 8)
     target = f"/v1/segments/{segment}"
 
-    async def write() -> None:
+    first = loop.time() + 0.2
+
+    async def write(lane: int) -> None:
         conn = Connection(port)
-        first = loop.time() + 0.2
-        for i in range(total):
+        for i in range(lane, total, connections):
             delay = first + i / rate - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -201,9 +211,11 @@ async def _tail_latency(port: int, segment: str, rate: float, duration_s: float)
                 got += 1
         conn.close()
 
-    await asyncio.wait_for(asyncio.gather(write(), read()), duration_s + 60)
+    lanes = [write(lane) for lane in range(connections)]
+    await asyncio.wait_for(asyncio.gather(*lanes, read()), duration_s + 60)
     return TailResult(
         appends=total,
+        sent_per_s=(total - 1) / (max(sent) - min(sent)),
         delivered_p50_ms=percentile(delivered, 50) * 1000,
         delivered_p99_ms=percentile(delivered, 99) * 1000,
         delivered_max_ms=max(delivered) * 1000,
@@ -276,7 +288,11 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
             segment = f"bench/tail-r{r}"
             create_segment(server, segment)
             tails.append(
-                asyncio.run(_tail_latency(server.port, segment, plan.tail_rate, plan.tail_duration_s))
+                asyncio.run(
+                    _tail_latency(
+                        server.port, segment, plan.tail_rate, plan.tail_duration_s, plan.tail_connections
+                    )
+                )
             )
             progress(f"run {r + 1}/{plan.repeat}: {SPREAD_CLIENTS} clients on 1, then 16 segments")
             spread_one.append(_spread_run(plan, server, spread_segments(f"bench/one-r{r}", 1)))
@@ -313,6 +329,7 @@ def measure(plan: Plan, workdir: Path) -> dict[str, Any]:
         **{
             name: asdict(Spread.of([getattr(t, name) for t in tails]))
             for name in (
+                "sent_per_s",
                 "delivered_p50_ms",
                 "delivered_p99_ms",
                 "delivered_max_ms",
@@ -459,7 +476,8 @@ def render(doc: dict[str, Any]) -> str:
         + verdict(big["over_raw_bandwidth"]["median"], TARGET_BANDWIDTH_RATIO),
         "",
         f"(e) tail latency, ms: a writer appends 100 bytes {tail['rate_per_s']:g} times/s for "
-        f"{plan['tail_duration_s']:g} s, one long-poll reader follows",
+        f"{plan['tail_duration_s']:g} s over {plan['tail_connections']} connection(s), one long-poll reader "
+        f"follows; sent at {spread(tail['sent_per_s'])} /s",
         f"  append sent -> reader has it: p50 {spread(tail['delivered_p50_ms'], '{:.2f}')}, "
         f"p99 {spread(tail['delivered_p99_ms'], '{:.2f}')}, "
         f"max {spread(tail['delivered_max_ms'], '{:.2f}')}",
@@ -492,6 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.0, help="warm-up seconds per run")
     parser.add_argument("--big-clients", type=int, default=4, help="clients for 1 MiB appends")
     parser.add_argument("--tail-rate", type=float, default=1000.0, help="appends/s for tail latency")
+    parser.add_argument(
+        "--tail-connections", type=int, default=1, help="writer connections for tail latency (see (e))"
+    )
     parser.add_argument("--client-processes", type=int, default=1, help="load generator processes")
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary data dir goes")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
