@@ -288,7 +288,7 @@ def segstore_latency(
         client.create(segment)
 
         def follow() -> None:
-            events = EventReader(reader_client, segment, offset=0, follow=True, wait_s=5)
+            events = EventReader(reader_client, segment, offset=0, follow=True)
             for count, event in enumerate(events, start=1):
                 seen[int.from_bytes(event.payload[:8], "big")] = time.perf_counter()
                 if count == total:

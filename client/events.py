@@ -26,7 +26,6 @@ MiB = 1024 * 1024
 HEADER_BYTES = 4
 DEFAULT_MAX_BATCH_BYTES = MiB
 DEFAULT_LINGER_S = 0.005
-DEFAULT_WAIT_S = 10.0
 
 
 def frame(payload: bytes) -> bytes:
@@ -187,9 +186,10 @@ class Event:
 class EventReader:
     """Iterates the framed events of a segment from ``offset`` (default: the start offset).
 
-    Without ``follow`` it stops at the current end. With ``follow`` it
-    long-polls the tail (``wait_s`` per request) and stops once the segment is
-    sealed and fully read.
+    Without ``follow`` it stops at the current end. With ``follow`` it reads
+    up to the end with plain reads (``read_bytes`` each), then follows the
+    tail on one live stream (``SegmentClient.follow``), and stops once the
+    segment is sealed and fully read.
     """
 
     def __init__(
@@ -199,43 +199,55 @@ class EventReader:
         *,
         offset: int | None = None,
         follow: bool = False,
-        wait_s: float = DEFAULT_WAIT_S,
         read_bytes: int | None = None,
     ):
         self.client = client
         self.segment = segment
         self.offset = offset
         self.follow = follow
-        self.wait_s = wait_s
         self.read_bytes = read_bytes
+
+    def _pieces(self, sealed: list[bool]) -> Iterator[tuple[int, bytes]]:
+        """``(offset, bytes)`` in order from ``self.offset``: reads to the end, then the live stream.
+
+        Appends ``True`` to ``sealed`` when it stops at the end of a sealed segment.
+        """
+        next_offset = self.offset
+        while True:
+            result = self.client.read(self.segment, next_offset, self.read_bytes)
+            next_offset = result.next_offset
+            if result.data:
+                yield next_offset - len(result.data), result.data
+            elif result.at_sealed_end or not self.follow:
+                sealed.append(result.at_sealed_end)
+                return
+            else:
+                break
+        for live in self.client.follow(self.segment, next_offset):
+            yield live.next_offset - len(live.data), live.data
+        sealed.append(True)  # a live stream ends only at the end of a sealed segment
 
     def __iter__(self) -> Iterator[Event]:
         buffer = bytearray()
-        buffer_offset = self.offset
-        next_offset = self.offset
-        while True:
-            result = self.client.read(
-                self.segment, next_offset, self.read_bytes, wait_s=self.wait_s if self.follow else None
-            )
+        buffer_offset: int | None = None
+        sealed: list[bool] = []
+        for offset, data in self._pieces(sealed):
             if buffer_offset is None:
-                buffer_offset = result.next_offset - len(result.data)
-            next_offset = result.next_offset
-            if result.data:
-                buffer += result.data
-                position = 0
-                while len(buffer) - position >= HEADER_BYTES:
-                    size = int.from_bytes(buffer[position : position + HEADER_BYTES], "big")
-                    end = position + HEADER_BYTES + size
-                    if end > len(buffer):
-                        break
-                    yield Event(buffer_offset + position, bytes(buffer[position + HEADER_BYTES : end]))
-                    position = end
-                del buffer[:position]
-                buffer_offset += position
-            elif result.at_sealed_end or not self.follow:
-                if buffer and result.at_sealed_end:
-                    raise ValueError(
-                        f"{self.segment}: {len(buffer)} bytes at offset {buffer_offset} end the sealed "
-                        "segment without completing an event frame"
-                    )
-                return
+                buffer_offset = offset
+            assert offset == buffer_offset + len(buffer), (offset, buffer_offset, len(buffer))
+            buffer += data
+            position = 0
+            while len(buffer) - position >= HEADER_BYTES:
+                size = int.from_bytes(buffer[position : position + HEADER_BYTES], "big")
+                end = position + HEADER_BYTES + size
+                if end > len(buffer):
+                    break
+                yield Event(buffer_offset + position, bytes(buffer[position + HEADER_BYTES : end]))
+                position = end
+            del buffer[:position]
+            buffer_offset += position
+        if buffer and sealed[0]:
+            raise ValueError(
+                f"{self.segment}: {len(buffer)} bytes at offset {buffer_offset} end the sealed "
+                "segment without completing an event frame"
+            )

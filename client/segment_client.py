@@ -22,6 +22,7 @@ it was given when the node refuses (503) or cannot be reached.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json as jsonlib
 import time
@@ -32,15 +33,18 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
+from client import sse
 from client.errors import error_from_response
 
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.05
 BACKOFF_MAX_S = 5.0
 DEFAULT_TIMEOUT_S = 30.0
+_LIVE_READ_BYTES = 64 * 1024  # the most a live stream's read returns; it returns what has arrived
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,14 @@ class ReadResult:
     def at_sealed_end(self) -> bool:
         """True when nothing more will ever be readable past ``next_offset``."""
         return self.sealed and self.next_offset >= self.length
+
+
+@dataclass(frozen=True)
+class LiveRead:
+    """Bytes a live stream delivered, and the offset that follows them."""
+
+    data: bytes
+    next_offset: int
 
 
 @dataclass(frozen=True)
@@ -360,6 +372,43 @@ class SegmentClient:
             sealed=response.headers.get("Segment-Sealed") == "true",
             length=int(response.headers["Segment-Length"]),
         )
+
+    def follow(self, name: str, offset: int | None = None) -> Iterator[LiveRead]:
+        """The bytes appended from ``offset`` on (default: the start offset), as they come, until sealed.
+
+        One live stream (Server-Sent Events, docs/api.md "Reads") instead of a
+        long-poll per batch: the server pushes each batch as it commits. A
+        stream that ends early (a lost connection, a server draining or
+        restarting, a forwarded container moving) is opened again where it
+        stopped, with the retries and backoff of any read; a segment deleted
+        meanwhile raises ``SegmentNotFound`` there.
+        """
+        path = segment_path(name)
+        failures = 0
+        while True:
+            response = self._request(
+                "GET",
+                path,
+                safe_to_resend=True,
+                params={} if offset is None else {"offset": offset},
+                headers={"Accept": sse.MEDIA_TYPE},
+                stream=True,
+            )
+            try:
+                for kind, event_id, data in sse.events(lambda r=response: r.raw.read1(_LIVE_READ_BYTES)):
+                    if kind == "sealed":
+                        return
+                    if kind == "data" and event_id is not None:
+                        offset = int(event_id)
+                        failures = 0
+                        yield LiveRead(base64.b64decode(data), offset)
+            except urllib3.exceptions.HTTPError as exc:
+                if failures >= self.retries:
+                    raise requests.ConnectionError(f"the live stream of {name} broke off: {exc}") from exc
+                time.sleep(self._delay_s(failures, None))
+                failures += 1
+            finally:
+                response.close()
 
     def info(self, name: str) -> SegmentInfo:
         """The segment's JSON info."""

@@ -147,7 +147,7 @@ def test_follow_sees_later_events_and_stops_at_seal(client: SegmentClient, name:
     seen: list[bytes] = []
 
     def follow() -> None:
-        seen.extend(event.payload for event in EventReader(client, name, follow=True, wait_s=5))
+        seen.extend(event.payload for event in EventReader(client, name, follow=True))
 
     reader = threading.Thread(target=follow)
     reader.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -133,22 +134,27 @@ def test_errors_map_to_typed_exceptions(client: SegmentClient, name: str) -> Non
 
 
 class _Stub(BaseHTTPRequestHandler):
-    """Answers each request with the next scripted (status, headers, body); records arrival times."""
+    """Answers each request with the next scripted (status, headers, body); records arrivals and paths.
+
+    A scripted ``Content-Length`` larger than the body cuts the answer short.
+    """
 
     script: list[tuple[int, dict[str, str], bytes]] = []
     arrivals: list[float] = []
+    paths: list[str] = []
     close_first: bool = False
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.arrivals.append(time.monotonic())
+        self.paths.append(self.path)
         if self.close_first and len(self.arrivals) == 1:
             self.close_connection = True
             self.connection.close()
             return
         status, headers, body = self.script.pop(0)
         self.send_response(status)
-        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+        for key, value in {"Content-Length": str(len(body)), **headers}.items():
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
@@ -161,7 +167,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub() -> Iterator[tuple[str, type[_Stub]]]:
-    handler = type("Handler", (_Stub,), {"script": [], "arrivals": [], "close_first": False})
+    handler = type("Handler", (_Stub,), {"script": [], "arrivals": [], "paths": [], "close_first": False})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -257,3 +263,63 @@ def test_proxies_named_by_the_environment_are_used(
     with SegmentClient(server.url, retries=0) as direct:
         direct.create(name)
         assert direct.append(name, b"x").offset == 0
+
+
+def _live(*events: tuple[str, int, bytes]) -> bytes:
+    """A live stream's body: (event type, id, data) each, with a keep-alive first."""
+    body = b": keepalive\n\n"
+    for kind, event_id, data in events:
+        body += b"event: %s\nid: %d\ndata: %s\n\n" % (kind.encode(), event_id, data)
+    return body
+
+
+def test_follow_opens_the_stream_again_where_it_stopped(stub: tuple[str, type[_Stub]]) -> None:
+    """A stream that ends early, cleanly or cut off, is resumed at the last event's id; seal ends it."""
+    url, handler = stub
+    sse = {"Content-Type": "text/event-stream"}
+    cut = _live(("data", 5, base64.b64encode(b"67890")))
+    handler.script = [
+        (200, sse, _live(("data", 3, base64.b64encode(b"abc")))),  # ends: the server drained
+        (200, {**sse, "Content-Length": str(len(cut) + 100)}, cut),  # cut off mid-stream
+        (200, sse, _live(("data", 7, base64.b64encode(b"xy")), ("sealed", 7, b'{"length": 7}'))),
+    ]
+    with SegmentClient(url, retries=2, backoff_s=0.01) as client:
+        live = list(client.follow("a/b"))
+    assert [(r.data, r.next_offset) for r in live] == [(b"abc", 3), (b"67890", 5), (b"xy", 7)]
+    assert handler.paths == ["/v1/segments/a/b", "/v1/segments/a/b?offset=3", "/v1/segments/a/b?offset=5"]
+
+
+def test_follow_gives_up_once_the_retries_bring_nothing(stub: tuple[str, type[_Stub]]) -> None:
+    """Each event delivered starts the count again; streams cut before any event use the retries up."""
+    url, handler = stub
+    cut = _live(("data", 1, base64.b64encode(b"a")))
+    empty = b": keepalive\n\n"
+    handler.script = [
+        (200, {"Content-Length": str(len(cut) + 1)}, cut),
+        (200, {"Content-Length": str(len(empty) + 1)}, empty),
+        (200, {"Content-Length": str(len(cut) + 1)}, cut),
+    ]
+    with SegmentClient(url, retries=1, backoff_s=0.01) as client:
+        follow = client.follow("a/b", 0)
+        assert next(follow).data == b"a"
+        with pytest.raises(requests.ConnectionError, match="broke off"):
+            next(follow)
+    assert len(handler.paths) == 2
+
+
+def test_follow_streams_appends_live_and_ends_at_the_seal(client: SegmentClient, name: str) -> None:
+    client.create(name)
+    client.append(name, b"old")
+    got: list[tuple[bytes, int]] = []
+    live = client.follow(name, 3)
+    reader = threading.Thread(target=lambda: got.extend((r.data, r.next_offset) for r in live))
+    reader.start()
+    time.sleep(0.2)
+    client.append(name, b"new")
+    client.append(name, b"er")
+    client.seal(name)
+    reader.join(10)
+    assert not reader.is_alive()
+    assert b"".join(data for data, _ in got) == b"newer" and got[-1][1] == 8
+    with pytest.raises(errors.SegmentNotFound):
+        next(client.follow(name + "-missing"))
