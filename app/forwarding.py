@@ -27,10 +27,13 @@ from typing import Any
 import requests
 from urllib3.exceptions import NewConnectionError
 
+from app import ops
 from app.errors import render_segstore_error
 from engine import OutcomeUnknown, SegmentStore, container_for
 
 FORWARDED = "Segstore-Forwarded"
+# The route the request metrics count a request under that this node passed on.
+FORWARDED_ROUTE = "forwarded"
 OWNER = "Segment-Owner"
 _FORWARDED_KEY = "HTTP_SEGSTORE_FORWARDED"
 # RFC 9110 7.6.1: these describe one connection and are not passed on (lengths are re-derived).
@@ -96,6 +99,7 @@ class Forwarding:
 
     def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any],
                  node: str, base: str, deadline: float) -> Iterable[bytes]:
+        environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
         headers[FORWARDED] = self.store.settings.node_id

@@ -19,6 +19,7 @@ from werkzeug.test import create_environ
 
 from app.forwarding import Forwarding
 from app.native.subject import request_subject as native_subject
+from app.ops import ROUTE_KEY
 from app.s3 import objects
 from app.s3.subject import request_subject as s3_subject
 from app.streams.subject import request_subject as streams_subject
@@ -203,8 +204,9 @@ def test_an_owner_that_fails_during_the_request_gives_an_unknown_outcome_not_a_5
         lambda e, s: answered.append(e["PATH_INFO"]) or [],  # type: ignore[arg-type]
         store,  # type: ignore[arg-type]
         SUBJECTS,
-    )(environ("/v1/segments/x", "POST"), lambda status, headers: statuses.append(status))
+    )(request := environ("/v1/segments/x", "POST"), lambda status, headers: statuses.append(status))
     listener.close()
     assert answered == []  # not answered here as if nothing had been sent
     assert statuses == ["502 BAD GATEWAY"]
+    assert request[ROUTE_KEY] == "forwarded"  # the request metrics count it so
     assert json.loads(b"".join(body))["code"] == "OutcomeUnknown"

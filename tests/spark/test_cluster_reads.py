@@ -2,8 +2,7 @@
 
 The endpoint is node ``a``; half the segments live in containers node ``b``
 serves. A node that passes a request on to another counts it under the route
-``unmatched`` (the forwarding layer answers before any route matches), so
-the nodes' request metrics show how many requests were forwarded: only the
+``forwarded`` in its request metrics, which so show how many were: only the
 driver's first request for each of ``b``'s segments may be, never a task's.
 """
 
@@ -58,7 +57,7 @@ def _counted(url: str, route: str, method: str = "") -> float:
 
 def _forwarded(url: str) -> float:
     """Requests this node passed on to another (see the module doc)."""
-    return _counted(url, "unmatched")
+    return _counted(url, "forwarded")
 
 
 def _counts(cluster: LocalCluster) -> dict[str, tuple[float, float]]:
