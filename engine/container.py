@@ -472,8 +472,7 @@ class SegmentContainer(ContainerLifecycle):
             if not changed and not self._draining:
                 self.metrics.tail_waits.inc()
                 try:
-                    with contextlib.suppress(TimeoutError):
-                        waiter.result(timeout_s)
+                    waiter.wait(timeout_s)
                 finally:
                     self.metrics.tail_waits.dec()
         finally:

@@ -11,11 +11,11 @@ woken when the segment grows, is sealed or deleted.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 
 from sortedcontainers import SortedDict
 
 from engine.cache import Cache, Key
+from engine.completion import Completion
 
 
 class _SegmentIndex:
@@ -24,7 +24,7 @@ class _SegmentIndex:
     def __init__(self) -> None:
         self.blocks: SortedDict = SortedDict()  # start offset -> length
         self.tail: int | None = None  # start of the growable tail block
-        self.waiters: list[Future[None]] = []
+        self.waiters: list[Completion[None]] = []
 
 
 class ReadIndex:
@@ -201,18 +201,18 @@ class ReadIndex:
             waiter.set_result(None)
 
     # ----------------------------------------------------------- future reads
-    def register_waiter(self, segment_id: int) -> Future[None]:
-        """A future completed at the segment's next change (append, seal, delete, close)."""
-        future: Future[None] = Future()
+    def register_waiter(self, segment_id: int) -> Completion[None]:
+        """A completion set at the segment's next change (append, seal, delete, close)."""
+        waiter: Completion[None] = Completion()
         with self._lock:
-            self._index(segment_id).waiters.append(future)
-        return future
+            self._index(segment_id).waiters.append(waiter)
+        return waiter
 
-    def discard_waiter(self, segment_id: int, future: Future[None]) -> None:
+    def discard_waiter(self, segment_id: int, waiter: Completion[None]) -> None:
         with self._lock:
             index = self._segments.get(segment_id)
-            if index is not None and future in index.waiters:
-                index.waiters.remove(future)
+            if index is not None and waiter in index.waiters:
+                index.waiters.remove(waiter)
 
     def notify(self, segment_id: int) -> None:
         with self._lock:

@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 
 from engine import operations as ops
 from engine.blocking import run_blocking
+from engine.completion import Completion
 from engine.config import Settings
-from engine.durable_log.completion import Completion
 from engine.durable_log.data_log import DurableDataLog, Fate, LogFenced, PendingWrite
 from engine.durable_log.frames import frame_payload_sizes
 from engine.durable_log.operation_log import OperationLog

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from engine import ContainerNotReady, OutcomeUnknown, SegmentStore
 from engine import operations as ops
+from engine.completion import Completion
 from engine.container import SegmentContainer
 from engine.durable_log import durable_log, object_log
-from engine.durable_log.completion import Completion
 from engine.durable_log.object_log import ObjectDataLog
 from engine.metadata_updater import Outcome
 from engine.metrics import EngineMetrics

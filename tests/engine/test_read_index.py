@@ -567,3 +567,14 @@ def test_drop_segment_frees_its_blocks_and_wakes_tails() -> None:
     waiter = index.register_waiter(1)
     index.drop_segment(1)
     assert waiter.done() and index.cache.size == 0 and index.read(1, 0, 10) == b""
+
+
+def test_a_tail_waiter_waits_until_the_segment_changes_or_its_time_runs_out() -> None:
+    index = ReadIndex(Cache(1 << 20), block_bytes=10)
+    index.append(1, 0, b"x")
+    waiter = index.register_waiter(1)
+    started = time.monotonic()
+    assert not waiter.wait(0.05) and time.monotonic() - started >= 0.05
+    index.append(1, 1, b"y")
+    index.notify(1)
+    assert waiter.wait(0) and waiter.wait(10)  # stays set

@@ -4,7 +4,8 @@ A ``concurrent.futures.Future`` allocates a condition, a re-entrant lock and
 a waiter list per operation; on the append hot path (and under gevent,
 where each is a greenlet-aware object) that cost shows. A completion is one
 lock, taken at creation and released when the result is set: exactly one
-producer (the processor) and one consumer (the caller).
+producer (the processor) and one consumer (the caller). A tail reader's
+wake-up (the read index's waiters) is one too, waited on with a timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ class Completion(Generic[T]):
         assert self._latch.locked(), "completed twice"
         self._error = error
         self._latch.release()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the result (or error) to be set; whether it was."""
+        if not self._latch.acquire(True, timeout_s):
+            return False
+        self._latch.release()
+        return True
 
     def result(self) -> T:
         """Wait for the result; re-raise the error the producer set."""
