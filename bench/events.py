@@ -12,7 +12,7 @@
     ``--appendonly yes --appendfsync always --save ''``, so an XADD is
     answered once fsynced; the ratio (a)/(b);
 (c) latency at a fixed 1,000 events/s: from ``EventWriter.write`` to a
-    tailing ``EventReader`` (long-poll) yielding the event, against from
+    tailing ``EventReader`` (its live stream) yielding the event, against from
     sending an XADD to a reader blocked in ``XREAD BLOCK`` receiving it; with
     the writer's default 5 ms linger, and with none.
 
