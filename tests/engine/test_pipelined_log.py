@@ -107,6 +107,14 @@ class Pipelined:
         self.store.close()
         return Pipelined(self.wal, self.tier2)
 
+    def read_after_restart(self, name: str) -> bytes:
+        """What ``name`` holds once the container is recovered anew from Tier 1 and Tier 2."""
+        restarted = self.restart()
+        try:
+            return restarted.store.read(name, 0).data
+        finally:
+            restarted.store.close()
+
 
 @pytest.fixture
 def pipelined() -> Iterator[Pipelined]:
@@ -169,9 +177,7 @@ def test_many_writers_share_writes_in_flight_and_are_answered_in_order(pipelined
     for data, offset in answers.items():
         assert content[offset : offset + 7] == data
     assert pipelined.wal.most_at_once > 1
-    restarted = pipelined.restart()
-    assert restarted.store.read("s", 0).data == content
-    restarted.store.close()
+    assert pipelined.read_after_restart("s") == content
 
 
 def test_a_failed_write_fails_the_batches_begun_after_it_even_if_theirs_landed(pipelined: Pipelined) -> None:
@@ -189,9 +195,7 @@ def test_a_failed_write_fails_the_batches_begun_after_it_even_if_theirs_landed(p
             future.result()
     assert pipelined.store.read("s", 0).data == b"keptone"
     assert pipelined.store.append("s", b"four", expected_offset=7).offset == 7
-    restarted = pipelined.restart()
-    assert restarted.store.read("s", 0).data == b"keptonefour"
-    restarted.store.close()
+    assert pipelined.read_after_restart("s") == b"keptonefour"
 
 
 def test_a_failed_write_whose_name_cannot_be_taken_back_is_an_unknown_outcome(pipelined: Pipelined) -> None:
@@ -203,9 +207,7 @@ def test_a_failed_write_whose_name_cannot_be_taken_back_is_an_unknown_outcome(pi
     with pytest.raises(OutcomeUnknown, match="may still be in the log"):
         failed.result()
     assert pipelined.store.append("s", b"two", expected_offset=0).offset == 0  # repaired first
-    restarted = pipelined.restart()
-    assert restarted.store.read("s", 0).data == b"two"
-    restarted.store.close()
+    assert pipelined.read_after_restart("s") == b"two"
 
 
 def test_a_processor_failure_answers_an_unknown_outcome_for_writes_it_began(
@@ -224,9 +226,7 @@ def test_a_processor_failure_answers_an_unknown_outcome_for_writes_it_began(
     with pytest.raises(ContainerNotReady, match="processor failed"):
         pipelined.store.append("s", b"refused")
     monkeypatch.undo()
-    restarted = pipelined.restart()
-    assert restarted.store.read("s", 0).data == b"written"
-    restarted.store.close()
+    assert pipelined.read_after_restart("s") == b"written"
 
 
 def test_closing_answers_the_writes_still_in_flight_once_it_stops_waiting(
