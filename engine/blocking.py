@@ -51,7 +51,8 @@ def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
-_allocate_lock: Callable[[], Any] = gevent.monkey.get_original("_thread", "allocate_lock")
+# A lock for OS threads (the thread pool, the sync thread): never gevent's, even in a patched process.
+os_thread_lock: Callable[[], Any] = gevent.monkey.get_original("_thread", "allocate_lock")
 
 
 class Signal:
@@ -60,8 +61,8 @@ class Signal:
     __slots__ = ("_events", "_latch", "_lock")
 
     def __init__(self) -> None:
-        self._lock = _allocate_lock()
-        self._latch = _allocate_lock()
+        self._lock = os_thread_lock()
+        self._latch = os_thread_lock()
         self._latch.acquire()
         self._events: list[tuple[Any, gevent.event.Event]] = []  # (hub, its event) per waiting hub
 

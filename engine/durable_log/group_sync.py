@@ -27,15 +27,13 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import gevent.monkey
 
-from engine.blocking import Signal
+from engine.blocking import Signal, os_thread_lock
 
 log = logging.getLogger(__name__)
 
-_allocate_lock: Callable[[], Any] = gevent.monkey.get_original("_thread", "allocate_lock")
 _start_new_thread: Callable[..., int] = gevent.monkey.get_original("_thread", "start_new_thread")
 _monotonic: Callable[[], float] = time.monotonic
 # The longest a round waits for the previous round's writers to hand over their next writes.
@@ -122,11 +120,11 @@ class GroupSync:
 
     def __init__(self, sync: Callable[[Sequence[int]], int] = sync_files) -> None:
         self._sync = sync
-        self._lock = _allocate_lock()
+        self._lock = os_thread_lock()
         self._round: _Round | None = None  # the round writes join now; the thread has not taken it
-        self._wake = _allocate_lock()  # released once per round created, taken by the thread
+        self._wake = os_thread_lock()  # released once per round created, taken by the thread
         self._wake.acquire()
-        self._joined = _allocate_lock()  # released when a write joins while the thread gathers
+        self._joined = os_thread_lock()  # released when a write joins while the thread gathers
         self._joined.acquire()
         self._gathering = False
         self._recent: deque[set[int]] = deque(maxlen=3)  # the writers of the last rounds

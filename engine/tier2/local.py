@@ -2,7 +2,8 @@
 
 A chunk name is a relative path below the root (``c0/seg.3/e...-o...-1a2b``);
 missing folders are created, each made durable in its parent, and folders a
-delete leaves empty are removed again. Every method does its disk work in one
+delete leaves empty are removed again (one lock keeps a delete from removing
+a folder a create is about to use). Every method does its disk work in one
 ``run_blocking`` call, so under gevent it runs on a real OS thread.
 
 - create: the bytes go to a temporary file in the chunk's folder, are
@@ -30,7 +31,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.blocking import run_blocking
+from engine.blocking import os_thread_lock, run_blocking
 from engine.tier2.chunk_storage import (
     BadChunkOffset,
     ChunkExists,
@@ -48,6 +49,11 @@ TEMP_PREFIX = ".segstore-tmp-"
 COPY_BLOCK_BYTES = 1024 * 1024
 # copy_file_range cannot do it (other file system, old kernel): copy by hand.
 _NO_COPY_RANGE = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+# Held by a create from making its chunk's folder until its temporary file is
+# in it, and by a delete while it removes the folders it emptied: otherwise a
+# delete could remove a folder between a create's mkdir and its open. One per
+# process, as no other process writes the data folder (it is locked).
+_FOLDERS = os_thread_lock()
 
 
 class LocalChunkStorage:
@@ -82,15 +88,9 @@ class LocalChunkStorage:
 
     def _create(self, path: Path, name: str, data: bytes) -> None:
         temp = path.with_name(f"{TEMP_PREFIX}{secrets.token_hex(8)}")
-        for _ in range(8):
-            try:
-                self._make_folders(path.parent)
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                break
-            except FileNotFoundError:
-                continue  # a delete removed a folder it had just emptied: make it again
-        else:
-            raise ChunkStorageError(f"folder of chunk {name!r} keeps vanishing")
+        with _FOLDERS:  # once the temporary file is in it, no delete removes the folder
+            self._make_folders(path.parent)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
                 _write_all(fd, data, 0)
@@ -192,12 +192,13 @@ class LocalChunkStorage:
         except FileNotFoundError:
             return
         folder = path.parent
-        while folder != self.root and self.root in folder.parents:
-            try:
-                os.rmdir(folder)
-            except OSError:  # not empty (or already gone): the walk up ends here
-                break
-            folder = folder.parent
+        with _FOLDERS:
+            while folder != self.root and self.root in folder.parents:
+                try:
+                    os.rmdir(folder)
+                except OSError:  # not empty (or already gone): the walk up ends here
+                    break
+                folder = folder.parent
         with contextlib.suppress(FileNotFoundError):
             _fsync_folder(folder)
 

@@ -109,6 +109,32 @@ def test_creates_race_deletes_that_empty_their_folder(storage: LocalChunkStorage
     assert list(storage.list()) == [] and files_under(storage.root) == []
 
 
+def test_a_delete_never_removes_the_folder_a_create_is_about_to_use(
+    storage: LocalChunkStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each time the create opens its temporary file, a delete empties the folder at that moment."""
+    real_open = os.open
+    deletes: list[threading.Thread] = []
+
+    def open_as_a_delete_empties_the_folder(path: Any, flags: int, *mode: int) -> int:
+        if Path(path).name.startswith(local.TEMP_PREFIX):
+            (Path(path).parent / "other").write_bytes(b"x")
+            delete = threading.Thread(target=storage.delete, args=("c0/seg.1/other",))
+            delete.start()
+            delete.join(timeout=0.2)  # with the lock, the delete waits until the file is open
+            deletes.append(delete)
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", open_as_a_delete_empties_the_folder)
+    storage.create("c0/seg.1/e1", b"data")
+    for delete in deletes:
+        delete.join()
+    monkeypatch.undo()
+    assert len(deletes) == 1
+    assert storage.read(storage.open_read("c0/seg.1/e1"), 0, 10) == b"data"
+    assert [info.name for info in storage.list()] == ["c0/seg.1/e1"]
+
+
 def test_a_folder_is_not_a_chunk(storage: LocalChunkStorage) -> None:
     storage.create("c0/seg.1/e1", b"x")
     assert not storage.exists("c0/seg.1")
