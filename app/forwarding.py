@@ -16,6 +16,12 @@ While no node serves the container (its owner is unknown, unreachable or
 its lease lapsed; or this node won it and is recovering it), the request
 waits up to ``takeover_wait_s`` for one to, without reading its body; then
 the surface answers it (503 with ``Retry-After`` if still nobody serves).
+
+An owner that takes the request and then sends nothing for longer than a
+live node ever does (the longest tail wait or SSE keep-alive, plus a lease:
+by then a paused or cut-off node has lost its containers) is given up on:
+a read (GET, HEAD) is answered 503, as nothing changed; anything else 502
+``OutcomeUnknown``, as it may have been applied.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from urllib3.exceptions import NewConnectionError
 
 from app import ops
 from app.errors import render_segstore_error
-from engine import OutcomeUnknown, SegmentStore, container_for
+from engine import ContainerNotReady, OutcomeUnknown, SegmentStore, Settings, container_for
 
 FORWARDED = "Segstore-Forwarded"
 # The route the request metrics count a request under that this node passed on.
@@ -47,6 +53,8 @@ _PIECE_BYTES = 64 * 1024
 _CONNECT_S = 5.0
 # How often a waiting request looks at the cluster view again.
 _POLL_S = 0.1
+# Requests that change nothing: one whose owner stopped answering may be refused (503), not unknown.
+_READS = frozenset({"GET", "HEAD"})
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Subject = Callable[[dict[str, Any]], str | None]
@@ -64,6 +72,7 @@ class Forwarding:
         self.store = store
         self.subjects = tuple(subjects)
         self.http = requests.Session()
+        self.silence_s = _owner_silence_s(store.settings)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if self.store.node is None:
@@ -113,19 +122,30 @@ class Forwarding:
         prepared.url = base + raw  # byte for byte: requests would requote the path and query
         connect_s = min(_CONNECT_S, max(deadline - time.monotonic(), _POLL_S))
         try:
-            answer = self.http.send(prepared, stream=True, allow_redirects=False, timeout=(connect_s, None))
-        except (requests.ConnectTimeout, requests.ConnectionError) as err:
+            timeout = (connect_s, self.silence_s)
+            answer = self.http.send(prepared, stream=True, allow_redirects=False, timeout=timeout)
+        except (requests.ConnectTimeout, requests.ConnectionError, requests.ReadTimeout) as err:
             if isinstance(err, requests.ConnectTimeout) or _refused(err):
                 raise _Unreachable from err
-            # Sent, maybe in part, maybe acted on: not a 503, which says "not applied, resend".
-            unknown = OutcomeUnknown(f"node {node} serving the container failed during the request")
-            return render_segstore_error(unknown)(environ, start_response)
+            silent = isinstance(err, requests.ReadTimeout)
+            what = f"did not answer in {self.silence_s:g} s" if silent else "failed during the request"
+            error: ContainerNotReady | OutcomeUnknown
+            if silent and environ["REQUEST_METHOD"] in _READS:
+                error = ContainerNotReady(f"node {node} serving the container {what}", retry_after_s=1)
+            else:  # sent, maybe in part, maybe acted on: not a 503, which says "not applied, resend"
+                error = OutcomeUnknown(f"node {node} serving the container {what}")
+            return render_segstore_error(error)(environ, start_response)
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
         out.append((OWNER, node))
         start_response(f"{answer.status_code} {answer.reason}", out)
         return _streamed(answer)
+
+
+def _owner_silence_s(settings: Settings) -> float:
+    """The longest a live owner sends nothing on a request: its longest wait, plus a lease."""
+    return max(settings.tail_wait_max_s, settings.sse_keepalive_s) + settings.lease_s
 
 
 def _refused(err: requests.ConnectionError) -> bool:

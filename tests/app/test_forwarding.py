@@ -210,3 +210,44 @@ def test_an_owner_that_fails_during_the_request_gives_an_unknown_outcome_not_a_5
     assert statuses == ["502 BAD GATEWAY"]
     assert request[ROUTE_KEY] == "forwarded"  # the request metrics count it so
     assert json.loads(b"".join(body))["code"] == "OutcomeUnknown"
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "code"),
+    [("GET", "503 SERVICE UNAVAILABLE", "Throttled"), ("POST", "502 BAD GATEWAY", "OutcomeUnknown")],
+)
+def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
+    method: str, status: str, code: str
+) -> None:
+    """A paused owner holds the request no longer than a live one could: its longest wait plus a lease."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    taken: list[socket.socket] = []
+
+    def accept_then_pause() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        taken.append(conn)  # open, and never answered
+
+    threading.Thread(target=accept_then_pause, daemon=True).start()
+    store = FakeStore(wait_s=5, ready_at=None)
+    store.settings = Settings(
+        container_count=4, takeover_wait_s=5, tail_wait_max_s=0.3, sse_keepalive_s=0.2, lease_s=1
+    )
+    store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    answered: list[str] = []
+    statuses: list[str] = []
+    started = time.monotonic()
+    body = Forwarding(
+        lambda e, s: answered.append(e["PATH_INFO"]) or [],  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        SUBJECTS,
+    )(environ("/v1/segments/x", method), lambda status, headers: statuses.append(status))
+    took = time.monotonic() - started
+    for conn in taken:
+        conn.close()
+    listener.close()
+    assert answered == [] and statuses == [status]
+    assert json.loads(b"".join(body))["code"] == code
+    assert 1.3 <= took < 4  # tail_wait_max_s + lease_s, not for ever
