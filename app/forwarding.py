@@ -18,8 +18,9 @@ waits up to ``takeover_wait_s`` for one to, without reading its body; then
 the surface answers it (503 with ``Retry-After`` if still nobody serves).
 
 An owner that takes the request and then sends nothing for longer than a
-live node ever does (the longest tail wait or SSE keep-alive, plus a lease:
-by then a paused or cut-off node has lost its containers) is given up on:
+live node ever does (``tail_wait_max_s``, which bounds every tail wait and
+SSE keep-alive, plus a lease: by then a paused or cut-off node has lost its
+containers) is given up on:
 a read (GET, HEAD) is answered 503, as nothing changed; anything else 502
 ``OutcomeUnknown``, as it may have been applied.
 """
@@ -144,8 +145,8 @@ class Forwarding:
 
 
 def _owner_silence_s(settings: Settings) -> float:
-    """The longest a live owner sends nothing on a request: its longest wait, plus a lease."""
-    return max(settings.tail_wait_max_s, settings.sse_keepalive_s) + settings.lease_s
+    """The longest a live owner sends nothing on a request: the longest tail wait, plus a lease."""
+    return settings.tail_wait_max_s + settings.lease_s
 
 
 def _refused(err: requests.ConnectionError) -> bool:

@@ -72,7 +72,7 @@ class Settings:
     # Cache misses read Tier 2 in aligned blocks; sequential readers get read_ahead_bytes more.
     storage_read_block_bytes: int = 1 * MiB
     read_ahead_bytes: int = 8 * MiB
-    # Tail reads: the longest `wait` a client may ask for; SSE keep-alive period.
+    # Tail reads: the longest `wait` a client may ask for (and any wait at the tail); SSE keep-alive period.
     tail_wait_max_s: float = 60.0
     sse_keepalive_s: float = 15.0
     # Attributes (seed 001): values held in memory past this are evicted once they are in
@@ -128,6 +128,9 @@ class Settings:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         if self.takeover_wait_s < 0:
             raise InvalidArgument(f"setting takeover_wait_s must not be negative, got {self.takeover_wait_s}")
+        for name in ("tail_wait_max_s", "sse_keepalive_s"):
+            if getattr(self, name) <= 0:  # a live stream would spin, sending keep-alives
+                raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(self, name)}")
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
             raise InvalidArgument(
@@ -146,6 +149,11 @@ class Settings:
             return host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
+
+    @property
+    def sse_wait_s(self) -> float:
+        """How long a live stream waits for data before it sends a keep-alive: no tail wait is longer."""
+        return min(self.sse_keepalive_s, self.tail_wait_max_s)
 
     @property
     def node_url(self) -> str:

@@ -169,7 +169,7 @@ def read(name: str) -> Response:
         resume = params.last_event_id(request)
         start = resume if resume is not None else offset
         first = store().read(name, start)
-        return event_stream_response(store(), name, first, settings.sse_keepalive_s)
+        return event_stream_response(store(), name, first, settings.sse_wait_s)
     if byte_range is not None:
         offset, length = byte_range
         if offset is None:  # the last ``length`` bytes (of what is still readable)

@@ -3,9 +3,10 @@
 Each read's bytes become one ``event: data`` whose ``id`` is the next offset
 (so ``Last-Event-ID`` resumes exactly) and whose ``data`` is the base64 of the
 bytes. The end of a sealed segment sends ``event: sealed`` and closes. While
-nothing arrives, a comment line every ``sse_keepalive_s`` keeps proxies and
-clients from timing out. The generator parks in ``store.read(wait_s=...)``,
-which under gevent parks a greenlet, not a thread.
+nothing arrives, a comment line every ``sse_keepalive_s`` (at most
+``tail_wait_max_s``) keeps proxies and clients from timing out. The
+generator parks in ``store.read(wait_s=...)``, which under gevent parks a
+greenlet, not a thread.
 """
 
 from __future__ import annotations

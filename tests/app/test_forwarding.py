@@ -233,7 +233,7 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
     threading.Thread(target=accept_then_pause, daemon=True).start()
     store = FakeStore(wait_s=5, ready_at=None)
     store.settings = Settings(
-        container_count=4, takeover_wait_s=5, tail_wait_max_s=0.3, sse_keepalive_s=0.2, lease_s=1
+        container_count=4, takeover_wait_s=5, tail_wait_max_s=0.3, lease_s=1
     )
     store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
     answered: list[str] = []

@@ -8,13 +8,15 @@ as it comes or all at once.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import threading
 from collections.abc import Iterable
 
+import pytest
 from flask.testing import FlaskClient
 
-from engine import SegmentStore
+from engine import SegmentStore, Settings
 from tests.app.helpers import assert_problem
 
 NAME = "scope/stream/0"
@@ -103,6 +105,26 @@ def test_idle_stream_sends_keepalives_and_ends_on_delete(
     timer.join()
     assert len(events) >= 3
     assert all(e == {"comment": "keepalive"} for e in events)
+
+
+class TestAKeepaliveLongerThanTheLongestTailWait:
+    """The stream waits tail_wait_max_s at a time (a longer wait the store refuses, ending the stream)."""
+
+    @pytest.fixture
+    def settings(self, settings: Settings) -> Settings:
+        return dataclasses.replace(settings, tail_wait_max_s=0.3, sse_keepalive_s=15)
+
+    def test_the_stream_keeps_following(self, client: FlaskClient, store: SegmentStore, segment: str) -> None:
+        def later() -> None:
+            store.append(NAME, b"late")
+            store.seal(NAME)
+
+        timer = threading.Timer(1.0, later)
+        timer.start()
+        events = stream(client, segment)
+        timer.join()
+        assert data_of(events) == b"late" and events[-1]["event"] == "sealed"
+        assert events[:3] == [{"comment": "keepalive"}] * 3
 
 
 def test_stream_ends_when_the_store_closes(client: FlaskClient, store: SegmentStore, segment: str) -> None:

@@ -174,3 +174,16 @@ def test_tier1_writes_in_flight_lies_within_what_a_fence_covers(count: int) -> N
     with pytest.raises(InvalidArgument, match=r"tier1_writes_in_flight must lie in \[1, 8\]"):
         Settings(tier1_writes_in_flight=count)
     assert load_settings({"SEGSTORE_TIER1_WRITES_IN_FLIGHT": "8"}).tier1_writes_in_flight == 8
+
+
+@pytest.mark.parametrize("name", ["tail_wait_max_s", "sse_keepalive_s"])
+def test_a_live_stream_never_waits_zero_seconds(name: str) -> None:
+    """With no wait between keep-alives, a live stream would send them as fast as it can."""
+    with pytest.raises(InvalidArgument, match=f"{name} must be more than 0"):
+        Settings(**{name: 0})
+
+
+def test_a_live_stream_sends_keepalives_within_the_longest_tail_wait() -> None:
+    """A wait longer than tail_wait_max_s is one the store refuses: the stream would end at once."""
+    assert Settings(tail_wait_max_s=5, sse_keepalive_s=15).sse_wait_s == 5
+    assert Settings().sse_wait_s == 15
