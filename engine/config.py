@@ -128,7 +128,7 @@ class Settings:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         if self.takeover_wait_s < 0:
             raise InvalidArgument(f"setting takeover_wait_s must not be negative, got {self.takeover_wait_s}")
-        for name in ("tail_wait_max_s", "sse_keepalive_s"):
+        for name in ("tail_wait_max_s", "sse_keepalive_s", "stream_long_poll_s"):
             if getattr(self, name) <= 0:  # a live stream would spin, sending keep-alives
                 raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(self, name)}")
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")

@@ -176,7 +176,7 @@ def test_tier1_writes_in_flight_lies_within_what_a_fence_covers(count: int) -> N
     assert load_settings({"SEGSTORE_TIER1_WRITES_IN_FLIGHT": "8"}).tier1_writes_in_flight == 8
 
 
-@pytest.mark.parametrize("name", ["tail_wait_max_s", "sse_keepalive_s"])
+@pytest.mark.parametrize("name", ["tail_wait_max_s", "sse_keepalive_s", "stream_long_poll_s"])
 def test_a_live_stream_never_waits_zero_seconds(name: str) -> None:
     """With no wait between keep-alives, a live stream would send them as fast as it can."""
     with pytest.raises(InvalidArgument, match=f"{name} must be more than 0"):
