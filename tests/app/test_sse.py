@@ -11,7 +11,7 @@ import base64
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import pytest
 from flask.testing import FlaskClient
@@ -48,6 +48,24 @@ def stream(client: FlaskClient, url: str, headers: dict[str, str] | None = None)
         return parse_events(response.response)
 
 
+def stream_while(client: FlaskClient, segment: str, after_s: float, action: Callable[[], object]) -> list:
+    """The events of a stream during which ``action`` runs once, ``after_s`` seconds in (from a timer)."""
+    timer = threading.Timer(after_s, action)
+    timer.start()
+    events = stream(client, segment)
+    timer.join()
+    return events
+
+
+def appended_then_sealed(store: SegmentStore, *pieces: bytes) -> Callable[[], None]:
+    def append_and_seal() -> None:
+        for piece in pieces:
+            store.append(NAME, piece)
+        store.seal(NAME)
+
+    return append_and_seal
+
+
 def data_of(events: list[dict]) -> bytes:
     return b"".join(base64.b64decode(e["data"]) for e in events if e.get("event") == "data")
 
@@ -82,15 +100,7 @@ def test_last_event_id_wins_over_offset(client: FlaskClient, store: SegmentStore
 
 
 def test_stream_follows_appends_as_they_come(client: FlaskClient, store: SegmentStore, segment: str) -> None:
-    def later() -> None:
-        store.append(NAME, b"first ")
-        store.append(NAME, b"second")
-        store.seal(NAME)
-
-    timer = threading.Timer(0.3, later)
-    timer.start()
-    events = stream(client, segment)
-    timer.join()
+    events = stream_while(client, segment, 0.3, appended_then_sealed(store, b"first ", b"second"))
     assert data_of(events) == b"first second"
     assert events[-1]["event"] == "sealed"
     assert events[0] == {"comment": "keepalive"}
@@ -99,10 +109,7 @@ def test_stream_follows_appends_as_they_come(client: FlaskClient, store: Segment
 def test_idle_stream_sends_keepalives_and_ends_on_delete(
     client: FlaskClient, store: SegmentStore, segment: str
 ) -> None:
-    timer = threading.Timer(0.9, lambda: store.delete(NAME))
-    timer.start()
-    events = stream(client, segment)
-    timer.join()
+    events = stream_while(client, segment, 0.9, lambda: store.delete(NAME))
     assert len(events) >= 3
     assert all(e == {"comment": "keepalive"} for e in events)
 
@@ -115,23 +122,13 @@ class TestAKeepaliveLongerThanTheLongestTailWait:
         return dataclasses.replace(settings, tail_wait_max_s=0.3, sse_keepalive_s=15)
 
     def test_the_stream_keeps_following(self, client: FlaskClient, store: SegmentStore, segment: str) -> None:
-        def later() -> None:
-            store.append(NAME, b"late")
-            store.seal(NAME)
-
-        timer = threading.Timer(1.0, later)
-        timer.start()
-        events = stream(client, segment)
-        timer.join()
+        events = stream_while(client, segment, 1.0, appended_then_sealed(store, b"late"))
         assert data_of(events) == b"late" and events[-1]["event"] == "sealed"
         assert events[:3] == [{"comment": "keepalive"}] * 3
 
 
 def test_stream_ends_when_the_store_closes(client: FlaskClient, store: SegmentStore, segment: str) -> None:
-    timer = threading.Timer(0.3, store.close)
-    timer.start()
-    events = stream(client, segment)
-    timer.join()
+    events = stream_while(client, segment, 0.3, store.close)
     assert events and all("comment" in e for e in events)
 
 
