@@ -48,7 +48,9 @@ def stream(client: FlaskClient, url: str, headers: dict[str, str] | None = None)
         return parse_events(response.response)
 
 
-def stream_while(client: FlaskClient, segment: str, after_s: float, action: Callable[[], object]) -> list:
+def stream_while(
+    client: FlaskClient, segment: str, after_s: float, action: Callable[[], object]
+) -> list[dict]:
     """The events of a stream during which ``action`` runs once, ``after_s`` seconds in (from a timer)."""
     timer = threading.Timer(after_s, action)
     timer.start()
