@@ -26,6 +26,16 @@ from engine.naming import validate_node_id
 MiB = 1024 * 1024
 
 
+# Settings with no meaning at 0: chunks, appends, reads or cache blocks of no bytes; no room for
+# acknowledged bytes (every append refused); waits that spin (live streams' keep-alives, the
+# Durable Streams reaper) or transactions that expire as they begin.
+_POSITIVE = (
+    "rollover_bytes", "max_append_bytes", "max_read_bytes", "tier1_backlog_max_bytes", "cache_block_bytes",
+    "storage_read_block_bytes", "tail_wait_max_s", "sse_keepalive_s", "transaction_timeout_s",
+    "stream_long_poll_s", "stream_reap_interval_s",
+)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Limits and locations. Sizes in bytes, durations in seconds unless named _ms."""
@@ -128,8 +138,8 @@ class Settings:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         if self.takeover_wait_s < 0:
             raise InvalidArgument(f"setting takeover_wait_s must not be negative, got {self.takeover_wait_s}")
-        for name in ("tail_wait_max_s", "sse_keepalive_s", "stream_long_poll_s"):
-            if getattr(self, name) <= 0:  # a live stream would spin, sending keep-alives
+        for name in _POSITIVE:
+            if getattr(self, name) <= 0:
                 raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(self, name)}")
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):

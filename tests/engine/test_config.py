@@ -176,9 +176,23 @@ def test_tier1_writes_in_flight_lies_within_what_a_fence_covers(count: int) -> N
     assert load_settings({"SEGSTORE_TIER1_WRITES_IN_FLIGHT": "8"}).tier1_writes_in_flight == 8
 
 
-@pytest.mark.parametrize("name", ["tail_wait_max_s", "sse_keepalive_s", "stream_long_poll_s"])
-def test_a_live_stream_never_waits_zero_seconds(name: str) -> None:
-    """With no wait between keep-alives, a live stream would send them as fast as it can."""
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rollover_bytes",  # the storage writer failed on its first flush
+        "max_append_bytes",
+        "max_read_bytes",  # a reader looping for ever on empty reads
+        "tier1_backlog_max_bytes",
+        "cache_block_bytes",
+        "storage_read_block_bytes",
+        "tail_wait_max_s",  # live streams spinning on keep-alives
+        "sse_keepalive_s",
+        "transaction_timeout_s",
+        "stream_long_poll_s",
+        "stream_reap_interval_s",  # the reaper spinning
+    ],
+)
+def test_settings_with_no_meaning_at_zero_refuse_it(name: str) -> None:
     with pytest.raises(InvalidArgument, match=f"{name} must be more than 0"):
         Settings(**{name: 0})
 
