@@ -39,7 +39,10 @@ def unauthenticated_bind_refusal(settings: Settings) -> str | None:
     )
 
 
-_settings = load_settings()
+try:
+    _settings = load_settings()
+except SegstoreError as _bad:  # a setting out of its range: one line naming it, no traceback
+    raise SystemExit(f"segstore will not start: {_bad.detail}") from None
 _refusal = unauthenticated_bind_refusal(_settings)
 if _refusal is not None:
     raise SystemExit(_refusal)

@@ -112,6 +112,31 @@ def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) 
     assert "refusing to bind 0.0.0.0:" in proc.stderr and "SEGSTORE_ALLOW_UNAUTHENTICATED=1" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("SEGSTORE_MAX_READ_BYTES", "0", "max_read_bytes"),
+        ("SEGSTORE_CONTAINER_COUNT", "many", "container_count"),
+    ],
+)
+def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
+    tmp_path: Path, variable: str, value: str, named: str
+) -> None:
+    env = {**os.environ, "SEGSTORE_DATA_DIR": str(tmp_path / "data"), variable: value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "app:create_app()"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.startswith(f"segstore will not start: setting {named} ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_extras_bring_what_the_readme_runs() -> None:
     """``s3`` brings moto's server (the README's .venv/bin/moto_server), ``spark`` PySpark and
     pyarrow; ``test`` includes both; every ``make`` target the README names exists."""
