@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--endpoint",
         default=os.environ.get("SEGSTORE_ENDPOINT", DEFAULT_ENDPOINT),
-        help="server URL (default: $SEGSTORE_ENDPOINT or %(default)s)",
+        help="server URL, or several comma-separated (default: $SEGSTORE_ENDPOINT or %(default)s)",
     )
     parser.add_argument("--token", default=os.environ.get("SEGSTORE_TOKEN"), help="bearer token")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -17,7 +17,11 @@ A cluster (docs/cluster.md). Any node answers; one that does not serve a
 segment's container forwards the request and names the serving node in
 ``Segment-Owner``. The client then sends that segment's requests straight to
 that node (its URL from ``GET /v1/cluster``), and goes back to the endpoint
-it was given when the node refuses (503) or cannot be reached.
+it was given when the node refuses (503) or cannot be reached. The endpoint
+may name several nodes, comma-separated: when the one in use cannot be
+reached, the next takes its place. A request whose connection was refused
+(nothing was sent) is retried on it whatever the request; any other
+connection error follows the rules above.
 """
 
 from __future__ import annotations
@@ -120,6 +124,12 @@ def segment_path(name: str) -> str:
     return "/v1/segments/" + quote(name, safe="/")
 
 
+def _refused(err: requests.RequestException) -> bool:
+    """Whether the connection itself failed, refused or timed out (nothing of the request was sent)."""
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one
+
+
 def _segment_of(path: str) -> str:
     """The segment a request path names (its route key), or "" for other paths."""
     rest = path.removeprefix("/v1/segments/")
@@ -127,7 +137,10 @@ def _segment_of(path: str) -> str:
 
 
 class SegmentClient:
-    """A client for one segstore endpoint; thread-safe as far as ``requests.Session`` is."""
+    """A client for one segstore endpoint; thread-safe as far as ``requests.Session`` is.
+
+    ``endpoint``: a node's URL, or several comma-separated (a cluster's nodes, tried in turn).
+    """
 
     def __init__(
         self,
@@ -138,7 +151,10 @@ class SegmentClient:
         backoff_s: float = DEFAULT_BACKOFF_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
-        self.endpoint = endpoint.rstrip("/")
+        self.endpoints = [url.strip().rstrip("/") for url in endpoint.split(",") if url.strip()]
+        if not self.endpoints:
+            raise ValueError(f"no endpoint URL in {endpoint!r}")
+        self._endpoint = 0  # the one in use: the next takes over when it cannot be reached
         self.retries = retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
@@ -154,6 +170,11 @@ class SegmentClient:
             self.session.headers["Authorization"] = f"Bearer {token}"
         self._routes: dict[str, str] = {}  # segment name -> URL of the node that serves it
         self._node_urls: dict[str, str] = {}  # node id -> URL, from GET /v1/cluster
+
+    @property
+    def endpoint(self) -> str:
+        """The node URL a request goes to unless a route names another: the endpoint in use."""
+        return self.endpoints[self._endpoint]
 
     def close(self) -> None:
         self.session.close()
@@ -192,10 +213,12 @@ class SegmentClient:
             base = self._routes.get(segment, self.endpoint) if segment else self.endpoint
             try:
                 response = self._send(method, base, path, timeout, **kwargs)
-            except (requests.ConnectionError, requests.Timeout):
+            except (requests.ConnectionError, requests.Timeout) as err:
                 if base != self.endpoint:
                     self._routes.pop(segment, None)
-                if last or not safe_to_resend:
+                elif len(self.endpoints) > 1:
+                    self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+                if last or not (safe_to_resend or _refused(err)):
                     raise
                 time.sleep(self._delay_s(attempt, None))
                 continue

@@ -9,7 +9,9 @@ Register it once per session, then use it as any format::
 Rows are ``segment string, offset bigint, value binary``: one per event, at
 the offset where its record starts. Options:
 
-- ``endpoint`` (required), ``token`` (bearer token, optional);
+- ``endpoint`` (required: a node's URL, or a cluster's nodes comma-separated,
+  each taking over while the one before cannot be reached), ``token``
+  (bearer token, optional);
 - ``segments`` (or the path given to ``load``): comma-separated names; an
   item ending in ``/`` is a prefix whose segments are listed (for streams:
   listed again each trigger, so new segments are picked up from their start);

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from bench.servers import ServerProcess
+from bench.servers import ServerProcess, free_port
 from client import errors
 from client.segment_client import SegmentClient, segment_path
 from tests.client.conftest import MAX_APPEND_BYTES
@@ -245,6 +245,22 @@ def test_an_unknown_outcome_resends_only_safe_appends(stub: tuple[str, type[_Stu
         result = client.append("a/b", b"x", expected_offset=0)
     assert (result.offset, result.length) == (0, 1)
     assert len(handler.arrivals) == 3
+
+
+def test_an_endpoint_that_refuses_connections_gives_way_to_the_next(server: ServerProcess, name: str) -> None:
+    """A create and a plain append (never resent after a lost answer) go on: nothing was sent."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    with SegmentClient(f"{dead}, {server.url}/", retries=2, backoff_s=0.01) as client:
+        assert client.endpoints == [dead, server.url]
+        client.create(name)
+        assert client.endpoint == server.url
+        assert client.append(name, b"abc").offset == 0
+        assert client.read(name).data == b"abc"
+
+
+def test_an_endpoint_list_without_a_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="no endpoint URL"):
+        SegmentClient(" , ")
 
 
 def test_proxies_named_by_the_environment_are_used(
