@@ -192,14 +192,28 @@ class Coordinator:
             self._balance(seen)
 
     def run(self, stop: threading.Event) -> None:
-        """Tick every third of ``lease_s`` until ``stop`` is set; a failed round is logged and retried."""
+        """Tick every third of ``lease_s`` until ``stop`` is set; a failed round is logged and retried.
+
+        A long round delays the next renewals: one longer than the margin
+        leaves (``lease_s`` less the margin, less a renewal period) lets
+        leases run out while the node is alive, and their containers move
+        (and recover) for nothing. Such a round is logged, as the cause.
+        """
         while not stop.is_set():
             began = self.clock()
             try:
                 self.tick()
             except Exception:
                 log.exception("cluster round of node %s failed", self.node_id)
-            stop.wait(max(0.0, self.renew_every_s - (self.clock() - began)))
+            took = self.clock() - began
+            if took > self.lease_s * (1 - MARGIN_SHARE) - self.renew_every_s:
+                log.warning(
+                    "node %s: a cluster round took %.1f s; a lease renewed every %.1f s runs out %.1f s "
+                    "after its renewal began, so rounds this long let leases run out while the node lives "
+                    "(the bucket answers slowly, or stopping a container took long)",
+                    self.node_id, took, self.renew_every_s, self.lease_s * (1 - MARGIN_SHARE),
+                )
+            stop.wait(max(0.0, self.renew_every_s - took))
 
     def _give_up_expired(self) -> None:
         now = self.clock()

@@ -8,6 +8,7 @@ by two nodes at any instant.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -350,3 +351,26 @@ def test_two_nodes_on_s3_split_the_containers_and_one_takes_all_when_the_other_l
         nodes[1].tick()
     assert nodes[1].held() == [0, 1, 2, 3]
     assert set(nodes[1].view().owners.values()) == {"b"}
+
+
+def test_a_round_long_enough_to_let_leases_run_out_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Such rounds let leases run out while the node lives: the log says why containers moved."""
+    cluster = Cluster(4)
+    node = cluster.add("a")
+    stop = threading.Event()
+
+    ticks = [LEASE_S * 0.45, LEASE_S * 0.5]  # the margin: 0.8 lease less a third, about 0.47 lease
+
+    def slow_tick() -> None:
+        cluster.clock.now += ticks.pop(0)
+        if not ticks:
+            stop.set()
+
+    node.tick = slow_tick  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="engine.cluster.coordinator"):
+        node.run(stop)
+    (record,) = caplog.records  # the second round only
+    assert record.getMessage().startswith(
+        f"node a: a cluster round took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
+        f"runs out {LEASE_S * 0.8:.1f} s after its renewal began"
+    )
