@@ -122,7 +122,22 @@ def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) 
 def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
     tmp_path: Path, variable: str, value: str, named: str
 ) -> None:
-    env = {**os.environ, "SEGSTORE_DATA_DIR": str(tmp_path / "data"), variable: value}
+    proc = gunicorn_refusing(tmp_path, {variable: value})
+    assert proc.stderr.startswith(f"segstore will not start: setting {named} ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
+    proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "0.0.0.0:0"})
+    assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
+
+
+def gunicorn_refusing(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """gunicorn with segstore's config and these ``SEGSTORE_*`` settings (no auth), which must not start."""
+    env = {**os.environ, "SEGSTORE_DATA_DIR": str(tmp_path / "data"), **settings}
+    env.pop("SEGSTORE_AUTH_FILE", None)
+    env.pop("SEGSTORE_ALLOW_UNAUTHENTICATED", None)
     proc = subprocess.run(
         [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "app:create_app()"],
         cwd=ROOT,
@@ -132,9 +147,7 @@ def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
         timeout=60,
     )
     assert proc.returncode != 0
-    assert proc.stderr.startswith(f"segstore will not start: setting {named} ")
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert not (tmp_path / "data").exists()
+    return proc
 
 
 def test_extras_bring_what_the_readme_runs() -> None:
