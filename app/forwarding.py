@@ -20,9 +20,8 @@ the surface answers it (503 with ``Retry-After`` if still nobody serves).
 An owner that takes the request and then sends nothing for longer than a
 live node ever does (``tail_wait_max_s``, which bounds every tail wait and
 SSE keep-alive, plus a lease: by then a paused or cut-off node has lost its
-containers) is given up on:
-a read (GET, HEAD) is answered 503, as nothing changed; anything else 502
-``OutcomeUnknown``, as it may have been applied.
+containers) is given up on: a read (GET, HEAD) is answered 503, as nothing
+changed; anything else 502 ``OutcomeUnknown``, as it may have been applied.
 """
 
 from __future__ import annotations
