@@ -8,6 +8,17 @@ from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, Attri
 from engine.cluster.peer_service import PeerService
 from engine.cluster.peers import PEER_PATH
 from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
+from engine.composite import (
+    AppendStep,
+    CreateStep,
+    DeleteStep,
+    MergeStep,
+    SealStep,
+    Step,
+    StepResult,
+    TruncateStep,
+    UpdateAttributesStep,
+)
 from engine.config import Settings, load_settings
 from engine.container_state import SERVING as SERVING_STATES
 from engine.errors import (
@@ -64,20 +75,25 @@ __all__ = [
     "STREAM_DATA_PREFIX",
     "STREAM_META_PREFIX",
     "AppendResult",
+    "AppendStep",
     "AttributeUpdate",
     "AttributeUpdateType",
     "BadOffset",
     "ConditionalCheckFailed",
     "ContainerNotReady",
+    "CreateStep",
     "DataCorrupted",
+    "DeleteStep",
     "InvalidArgument",
     "InvalidName",
     "MergeResult",
+    "MergeStep",
     "Misconfigured",
     "OutcomeUnknown",
     "PayloadTooLarge",
     "PeerService",
     "ReadResult",
+    "SealStep",
     "SegmentExists",
     "SegmentInfo",
     "SegmentNotFound",
@@ -87,9 +103,13 @@ __all__ = [
     "SegmentTruncated",
     "SegstoreError",
     "Settings",
+    "Step",
+    "StepResult",
     "StorageFull",
     "StoreLocked",
     "Throttled",
+    "TruncateStep",
+    "UpdateAttributesStep",
     "container_for",
     "is_reserved",
     "load_settings",

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from engine import naming
+from engine import composite, naming
 from engine import operations as ops
 from engine.attributes import AttributeUpdate, Preloaded, check_request
 from engine.cache import Cache
@@ -29,10 +29,10 @@ from engine.errors import (
     ContainerNotReady,
     InvalidArgument,
     LayoutChanged,
-    PayloadTooLarge,
     SegmentNotFound,
     SegmentSealed,
     SegmentTruncated,
+    SegstoreError,
     StorageFull,
     Throttled,
 )
@@ -61,6 +61,19 @@ _PRELOAD_TRIES = 5
 _FORK_TRIES = 5
 # How long a fork with a large unflushed tail waits for Tier 2 to take it.
 _FORK_FLUSH_TIMEOUT_S = 30.0
+def _parts(op: ops.Operation) -> list[ops.Operation]:
+    return list(op.parts) if isinstance(op, ops.Composite) else [op]
+
+
+def _keys(op: ops.Append | ops.UpdateAttributes) -> list[str]:
+    """The attribute keys an operation reads: its updates' keys, and an append's writer id."""
+    updates = op.attribute_updates if isinstance(op, ops.Append) else op.updates
+    keys = [str(u.key) for u in updates]
+    if isinstance(op, ops.Append) and op.writer_id is not None:
+        keys.insert(0, str(op.writer_id))
+    return keys
+
+
 class SegmentContainer(ContainerLifecycle):
     """All segments whose names hash to ``container_id``."""
 
@@ -100,17 +113,25 @@ class SegmentContainer(ContainerLifecycle):
         self._check_ready()
         return self.durable_log.add(op).result()
 
-    def _submit_with_attributes(self, op: ops.Append | ops.UpdateAttributes, keys: list[str]) -> Outcome:
+    def _answer(self, op: ops.SegmentOperation) -> SegmentInfo:
+        """The state a committed operation's own change left its segment in."""
+        self._submit(op)
+        assert op.state is not None, f"{op!r} committed without its state"
+        return op.state
+
+    def _submit_with_attributes(self, op: ops.Operation) -> Outcome:
         """Submit an operation that reads attributes, fetching from the index what memory lacks.
 
         Seed 001 steps 1.1-1.3: the values come before the operation enters the
         pipeline, so the pipeline never waits on Tier 2. If keys were evicted
         between the fetch and the check, the fetch is done again.
         """
-        if not keys:  # a plain append reads no attribute
+        reading = [p for p in _parts(op) if isinstance(p, ops.Append | ops.UpdateAttributes) and _keys(p)]
+        if not reading:  # a plain append reads no attribute
             return self._submit(op)
         for attempt in range(_PRELOAD_TRIES):
-            op.preloaded = self._preload(op.name, keys)
+            for part in reading:
+                part.preloaded = self._preload(part.name, _keys(part))
             try:
                 return self._submit(op)
             except AttributesNotLoaded:
@@ -121,6 +142,8 @@ class SegmentContainer(ContainerLifecycle):
     def _preload(self, name: str, keys: list[str]) -> Preloaded | None:
         self._check_ready()
         with self.metadata.lock:
+            if name not in self.metadata.names:  # created by an earlier step of a composite
+                return None
             seg = self.metadata.by_name(name)
             if seg.attribute_root is None:
                 return None
@@ -133,10 +156,8 @@ class SegmentContainer(ContainerLifecycle):
 
     # ------------------------------------------------------------- operations
     def create(self, name: str, *, rollover_bytes: int | None) -> SegmentInfo:
-        if rollover_bytes is not None and not 0 < rollover_bytes <= _INT64_MAX:
-            raise InvalidArgument(f"rollover_bytes must be a positive int64, got {rollover_bytes}")
-        self._submit(ops.CreateSegment(name=name, created=time.time(), rollover_bytes=rollover_bytes))
-        return self.metadata.info(name)
+        composite.check_rollover(rollover_bytes)
+        return self._answer(ops.CreateSegment(name=name, created=time.time(), rollover_bytes=rollover_bytes))
 
     def export_layout(self, name: str, timeout_s: float) -> str:
         """Flush the segment to Tier 2 and write its layout next to its chunks; returns the key."""
@@ -160,7 +181,7 @@ class SegmentContainer(ContainerLifecycle):
             raise SegmentNotFound(str(exc)) from None
         except ChunkStorageError as exc:
             raise Throttled(f"Tier 2 cannot be read now: {exc}", retry_after_s=1) from exc
-        self._submit(
+        return self._answer(
             ops.CreateSegment(
                 name=name,
                 created=time.time(),
@@ -169,7 +190,6 @@ class SegmentContainer(ContainerLifecycle):
                 start_offset=start_offset,
             )
         )
-        return self.metadata.info(name)
 
     def fork(self, source: str, name: str, offset: int | None) -> SegmentInfo:
         """Create ``name`` holding ``source``'s bytes below ``offset`` (default: its length).
@@ -190,13 +210,11 @@ class SegmentContainer(ContainerLifecycle):
             op.data = self._read_exactly(source, op.source_id, op.length, end)
             op.data_length = len(op.data)
             try:
-                self._submit(op)
+                return self._answer(op)
             except LayoutChanged:
                 tries += 1
                 if tries >= _FORK_TRIES:
                     raise
-                continue
-            return self.metadata.info(name)
 
     def _fork_layout(self, source: str, name: str, offset: int | None) -> tuple[ops.ForkSegment, int]:
         """A fork of ``source``'s committed layout (its bytes not yet read), and where the fork ends."""
@@ -249,29 +267,12 @@ class SegmentContainer(ContainerLifecycle):
         event_count: int,
         attributes: Sequence[AttributeUpdate] = (),
     ) -> AppendResult:
-        if not data:
-            raise InvalidArgument("an append needs at least one byte")
-        if len(data) > self.settings.max_append_bytes:
-            raise PayloadTooLarge(
-                f"append of {len(data)} bytes is over max_append_bytes={self.settings.max_append_bytes}"
-            )
-        if (writer_id is None) != (event_number is None):
-            raise InvalidArgument("Writer-Id and Event-Number go together")
-        if event_number is not None and not 0 <= event_number <= _INT64_MAX:
-            raise InvalidArgument(f"event number must be an int64 >= 0, got {event_number}")
-        if not 1 <= event_count <= 2**32 - 1:
-            raise InvalidArgument(f"event count must be from 1 to 2^32-1, got {event_count}")
-        if expected_offset is not None and not 0 <= expected_offset <= _INT64_MAX:
-            raise InvalidArgument(f"expected offset must be an int64 >= 0, got {expected_offset}")
+        composite.check_append(
+            len(data), self.settings.max_append_bytes, expected_offset=expected_offset,
+            writer_id=writer_id, event_number=event_number, event_count=event_count,
+        )  # fmt: skip
         self._check_ready()
-        if self.metadata.unflushed_bytes + len(data) > self._backlog_max:
-            if isinstance(self.writer.failing, ChunkStorageFull):
-                self.metrics.throttled_storage_full.inc()
-                raise StorageFull(
-                    f"Tier 2 is full ({self.writer.failing}); appends resume once space is freed"
-                )
-            self.metrics.throttled_backlog.inc()
-            raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
+        self._check_backlog(len(data))
         op = ops.Append(
             name=name,
             data=data,
@@ -281,27 +282,57 @@ class SegmentContainer(ContainerLifecycle):
             event_count=event_count,
             attribute_updates=tuple(check_request(attributes)),
         )
-        keys = [str(u.key) for u in op.attribute_updates]
-        outcome = self._submit_with_attributes(op, keys if writer_id is None else [str(writer_id), *keys])
-        info = self.metadata.info(name)
+        outcome = self._submit_with_attributes(op)
         if outcome.duplicate_of is not None:
             self.durable_log.metrics.duplicates.inc()
-            return AppendResult(None, True, outcome.duplicate_of, info)
-        return AppendResult(op.offset, False, event_number, info)
+        result = composite.result_of(op, outcome.duplicate_of)
+        assert isinstance(result, AppendResult)
+        return result
+
+    def _check_backlog(self, appended: int) -> None:
+        """Refuse appends (Throttled, or StorageFull) while too many bytes wait for Tier 2."""
+        if self.metadata.unflushed_bytes + appended <= self._backlog_max:
+            return
+        if isinstance(self.writer.failing, ChunkStorageFull):
+            self.metrics.throttled_storage_full.inc()
+            raise StorageFull(f"Tier 2 is full ({self.writer.failing}); appends resume once space is freed")
+        self.metrics.throttled_backlog.inc()
+        raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
+
+    def composite(self, steps: Sequence[composite.Step]) -> list[composite.StepResult]:
+        """Apply ``steps`` as one composite operation (engine/composite.py); each step's answer.
+
+        Refused as a whole when any step is: the error is that step's, with
+        its index in ``step``.
+        """
+        if not steps:
+            raise InvalidArgument("a composite operation needs at least one step")
+        now = time.time()
+        parts: list[ops.SegmentOperation] = []
+        for i, step in enumerate(steps):
+            try:
+                parts.append(composite.to_operation(step, self.settings.max_append_bytes, now))
+            except SegstoreError as error:
+                error.step = i
+                raise
+        self._check_ready()
+        self._check_backlog(sum(len(s.data) for s in steps if isinstance(s, composite.AppendStep)
+                                and isinstance(s.data, bytes)))  # fmt: skip
+        op = ops.Composite(parts=parts)
+        outcome = self._submit_with_attributes(op)
+        outcomes = outcome.parts
+        return [composite.result_of(part, o.duplicate_of) for part, o in zip(parts, outcomes, strict=True)]
 
     def info(self, name: str) -> SegmentInfo:
         self._check_readable()
         return self.metadata.info(name)
 
     def seal(self, name: str) -> SegmentInfo:
-        self._submit(ops.Seal(name=name))
-        return self.metadata.info(name)
+        return self._answer(ops.Seal(name=name))
 
     def truncate(self, name: str, offset: int) -> SegmentInfo:
-        if not 0 <= offset <= _INT64_MAX:
-            raise InvalidArgument(f"truncate offset must be an int64 >= 0, got {offset}")
-        self._submit(ops.Truncate(name=name, offset=offset))
-        return self.metadata.info(name)
+        composite.check_truncate(offset)
+        return self._answer(ops.Truncate(name=name, offset=offset))
 
     def delete(self, name: str) -> None:
         """Delete the segment, then its transactions (any the crash of a delete leaves, the reaper takes)."""
@@ -326,13 +357,13 @@ class SegmentContainer(ContainerLifecycle):
         """
         op = ops.MergeSegment(name=target, source=source, record_as=record_as, record_created=record_created)
         try:
-            self._submit(op)
+            state = self._answer(op)
         except SegmentNotFound:
             recorded = self.merge_record(target, record_as or source)
             if recorded is None:
                 raise
             return recorded
-        return MergeResult(op.offset, op.length, self.metadata.info(target))
+        return MergeResult(op.offset, op.length, state)
 
     def merge_record(self, target: str, source: str, created: float | None = None) -> MergeResult | None:
         """A recent merge of a segment called ``source`` into ``target`` (created then, if given)."""
@@ -354,24 +385,19 @@ class SegmentContainer(ContainerLifecycle):
         return txid
 
     def commit_transaction(self, parent: str, txid: uuid.UUID) -> MergeResult:
-        """Seal, then merge into the parent: both queued at once, so one Tier 1 write carries them."""
-        info = self.info(parent)
-        if info.sealed:  # refused before the transaction is sealed, so it stays open
-            raise SegmentSealed(f"segment {parent!r} is sealed", segment=info)
+        """Seal, then merge into the parent, as one composite: a refused merge leaves it open."""
         name = naming.transaction_name(parent, txid)
-        sealed = self.durable_log.add(ops.Seal(name=name))
-        op = ops.MergeSegment(name=parent, source=name)
-        merged = self.durable_log.add(op)
-        with contextlib.suppress(SegmentNotFound):
-            sealed.result()  # else committed already, or never there: the merge's answer says which
         try:
-            merged.result()
-        except SegmentNotFound:
+            merged = self.composite([composite.SealStep(name), composite.MergeStep(parent, name)])[1]
+        except SegmentNotFound as error:
+            if error.step == 1 and name in self.metadata.names:
+                raise  # the parent is gone
             recorded = self.merge_record(parent, name)
             if recorded is None:
                 raise SegmentNotFound(f"transaction {txid} of {parent!r} does not exist") from None
             return recorded
-        return MergeResult(op.offset, op.length, self.metadata.info(parent))
+        assert isinstance(merged, MergeResult)
+        return merged
 
     def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
         """A writer's last event number: the attribute its id names."""
@@ -382,7 +408,7 @@ class SegmentContainer(ContainerLifecycle):
         if not updates:
             raise InvalidArgument("an attribute update needs at least one update")
         op = ops.UpdateAttributes(name=name, updates=tuple(updates))
-        self._submit_with_attributes(op, [str(u.key) for u in updates])
+        self._submit_with_attributes(op)
         return {uuid.UUID(key): value for key, value in op.attributes.items()}
 
     def get_attributes(self, name: str, keys: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:

@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 
 class SegstoreError(Exception):
-    """Base of every engine error; ``segment`` is the segment's state when known."""
+    """Base of every engine error; ``segment`` is the segment's state when known.
+
+    ``step``: in a composite operation, the index of the part that was refused.
+    """
 
     code = "Internal"
 
@@ -23,6 +26,7 @@ class SegstoreError(Exception):
         super().__init__(detail)
         self.detail = detail
         self.segment = segment
+        self.step: int | None = None
 
 
 class InvalidName(SegstoreError):

@@ -24,6 +24,7 @@ from engine.errors import (
     SegmentNotFound,
     SegmentNotSealed,
     SegmentSealed,
+    SegstoreError,
 )
 from engine.metadata import (
     ContainerMetadata,
@@ -46,6 +47,7 @@ class Outcome:
 
     logged: bool
     duplicate_of: int | None = None
+    parts: tuple[Outcome, ...] = ()  # a composite's, one per part
 
 
 def _staged_attributes(seg: SegmentMetadata, committed: bool) -> ChainMap[str, int]:
@@ -111,9 +113,6 @@ class MetadataUpdater:
             self._segments[seg_id] = dataclasses.replace(newest, attributes=attributes)
         return self._segments[seg_id]
 
-    def segment_info(self, name: str) -> SegmentInfo:
-        return self._lookup(name).info()
-
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
@@ -124,6 +123,8 @@ class MetadataUpdater:
             if isinstance(op, ops.MetadataCheckpoint):
                 op.seq = self.next_seq()
                 return Outcome(True)
+            if isinstance(op, ops.Composite):
+                return self._composite(op)
             assert isinstance(op, ops.SegmentOperation)
             if isinstance(op, ops.CreateSegment):
                 return self._create(op)
@@ -140,6 +141,40 @@ class MetadataUpdater:
                 if isinstance(op, ops.Delete):
                     self._names[seg.name] = None
             return outcome
+
+    def _composite(self, op: ops.Composite) -> Outcome:
+        """Judge every part on a scratch view of this one; keep the view only if all of them pass.
+
+        A refused part's error says which part it was (``step``); nothing of
+        the composite is then staged, and the sequence numbers its parts took
+        are given again (none of them was written).
+        """
+        assert op.parts, "a composite needs at least one part"
+        scratch = MetadataUpdater(self.base, self)
+        outcomes: list[Outcome] = []
+        for step, part in enumerate(op.parts):
+            try:
+                if isinstance(part, ops.Append) and part.render is not None:
+                    part.data = part.render(scratch.state_of)
+                    part.length = len(part.data)
+                    if not part.data:
+                        raise InvalidArgument("an append needs at least one byte")
+                outcomes.append(scratch.pre_process(part))
+            except SegstoreError as error:
+                error.step = step
+                raise
+        self._segments.update(scratch._segments)
+        self._names.update(scratch._names)
+        self.seq, self.next_segment_id = scratch.seq, scratch.next_segment_id
+        op.logged = [outcome.logged for outcome in outcomes]
+        logged = op.logged_parts()
+        if logged:
+            op.seq = logged[-1].seq
+        return Outcome(bool(logged), parts=tuple(outcomes))
+
+    def state_of(self, name: str) -> SegmentInfo:
+        """The state of segment ``name`` as this view has it (SegmentNotFound if it has none)."""
+        return self._lookup(name).info()
 
     def _merge(self, op: ops.MergeSegment, target: SegmentMetadata) -> Outcome:
         if op.source == target.name:

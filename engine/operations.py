@@ -13,7 +13,9 @@ flags: 1 = a writer id follows, 2 = attributes follow, as
 ``count u16 | (key 16 bytes | value i64) * count``.
 
 A fork's body is ``JSON length u32 | JSON of its fields | data`` (its tail
-bytes, raw). Every other body is UTF-8 JSON of the operation's fields.
+bytes, raw). A composite's body is its logged parts, each serialized as
+above, back to back; its own sequence number is its last part's. Every
+other body is UTF-8 JSON of the operation's fields.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 from engine.attributes import AttributeUpdate, Preloaded
 from engine.errors import DataCorrupted
+from engine.types import SegmentInfo
 
 _HEADER = struct.Struct(">BQI")
 _APPEND = struct.Struct(">QQdqIB")
@@ -48,6 +52,7 @@ class OpType(IntEnum):
     MERGE = 9
     ATTRIBUTE_INDEX = 10
     FORK = 11
+    COMPOSITE = 12
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,10 +68,14 @@ class SegmentOperation(Operation):
 
     An operation that already carries an id (the storage writer's) applies
     only to that segment: if the name now means another one, it is refused.
+    ``state`` is the segment's state right after the operation committed
+    (None for a delete, and before the commit): what its caller is answered
+    with, never read afterwards.
     """
 
     name: str = ""
     segment_id: int = -1
+    state: SegmentInfo | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -115,6 +124,9 @@ class Append(SegmentOperation):
     ``expected_offset`` and ``attribute_updates`` are the request's conditions
     and are not serialized: the log keeps the resolved ``attributes``.
     ``data`` is dropped (None) once the bytes are in the read index; ``length`` stays.
+    In a composite, ``render`` may give the bytes instead: the processor calls
+    it with the state of any segment as the composite's earlier parts left it
+    (e.g. to name the id of a segment they created).
     """
 
     data: bytes | None = None
@@ -129,10 +141,16 @@ class Append(SegmentOperation):
     expected_offset: int | None = field(default=None, compare=False)
     attribute_updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
     preloaded: Preloaded | None = field(default=None, compare=False)
+    render: Render | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.data is not None:
             self.length = len(self.data)
+
+
+# What a rendered append is given: the state of a segment, by name, as a composite's parts left it.
+StateOf = Callable[[str], SegmentInfo]
+Render = Callable[[StateOf], bytes]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -211,6 +229,25 @@ class MergeSegment(SegmentOperation):
 
 
 @dataclass(slots=True, kw_only=True)
+class Composite(Operation):
+    """Several operations of one container as one log entry: judged, applied and answered together.
+
+    Every part's conditions hold or none is applied (the processor judges
+    them on a scratch view it keeps only if all pass); the parts go into one
+    Tier 1 write, so recovery sees all of them or none; they are applied
+    together, under the metadata lock, so a reader sees the state before
+    or after, never between. ``logged`` says, per part, whether it changed
+    anything (a seal of a sealed segment does not): only those are serialized.
+    """
+
+    parts: list[SegmentOperation] = field(default_factory=list)
+    logged: list[bool] = field(default_factory=list, compare=False)
+
+    def logged_parts(self) -> list[SegmentOperation]:
+        return [part for part, logged in zip(self.parts, self.logged, strict=True) if logged]
+
+
+@dataclass(slots=True, kw_only=True)
 class MetadataCheckpoint(Operation):
     """A snapshot of the container metadata; recovery may start here."""
 
@@ -229,6 +266,7 @@ _TYPES: dict[type[Operation], OpType] = {
     MergeSegment: OpType.MERGE,
     UpdateAttributeIndex: OpType.ATTRIBUTE_INDEX,
     ForkSegment: OpType.FORK,
+    Composite: OpType.COMPOSITE,
 }
 _JSON_FIELDS: dict[OpType, tuple[type[Operation], tuple[str, ...]]] = {
     OpType.CREATE: (
@@ -295,6 +333,12 @@ def encode(op: Operation) -> bytes:
         head = _APPEND.pack(op.segment_id, op.offset, op.timestamp, event, op.event_count, flags)
         body_len = len(head) + len(writer) + len(attributes) + len(op.data)
         return b"".join((_HEADER.pack(kind, op.seq, body_len), head, writer, attributes, op.data))
+    if kind is OpType.COMPOSITE:
+        assert isinstance(op, Composite)
+        parts = op.logged_parts()
+        assert parts and op.seq == parts[-1].seq, op
+        body = b"".join(encode(part) for part in parts)
+        return _HEADER.pack(kind, op.seq, len(body)) + body
     fields_ = _JSON_FIELDS[kind][1]
     body = json.dumps({f: getattr(op, f) for f in fields_}, separators=(",", ":")).encode()
     if kind is OpType.FORK:
@@ -331,6 +375,14 @@ def decode_all(payload: bytes | memoryview) -> list[Operation]:
 
 
 def _decode_body(kind: OpType, seq: int, body: memoryview) -> Operation:
+    if kind is OpType.COMPOSITE:
+        decoded = decode_all(body)
+        parts = [p for p in decoded if isinstance(p, SegmentOperation)]
+        if len(parts) != len(decoded):
+            raise ValueError("a composite holds segment operations only")
+        if not parts or parts[-1].seq != seq:
+            raise ValueError("a composite must end with its own sequence number")
+        return Composite(seq=seq, parts=parts, logged=[True] * len(parts))
     if kind is OpType.APPEND:
         seg, offset, ts, event, count, flags = _APPEND.unpack_from(body, 0)
         if flags & ~(_HAS_WRITER | _HAS_ATTRIBUTES):

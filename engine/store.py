@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from engine import cross_container, store_record
 from engine.attributes import AttributeUpdate
+from engine.composite import Step, StepResult, names_of
 from engine.config import Settings
 from engine.container import SegmentContainer
 from engine.container_state import FAILED
@@ -348,6 +349,22 @@ class SegmentStore:
             event_count=event_count,
             attributes=attributes,
         )
+
+    def composite(self, steps: Sequence[Step]) -> list[StepResult]:
+        """Apply ``steps`` (segments of one container) as one composite operation.
+
+        Judged together (every step's conditions hold, or nothing is applied
+        and the refused step's error says which, in ``step``), written as one
+        log entry, applied together (a reader sees all of it or none of it)
+        and answered once: each step with the state its own change left
+        (engine/composite.py). A crash leaves all of it or none of it.
+        """
+        containers = {self.container_of(n) for step in steps for n in names_of(step)}
+        if len(containers) > 1:
+            raise InvalidArgument("a composite operation's segments must live in one container")
+        if not steps:
+            raise InvalidArgument("a composite operation needs at least one step")
+        return self._container(names_of(steps[0])[0]).composite(steps)
 
     def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
         """Apply attribute updates atomically: all of them, or none (ConditionalCheckFailed).

@@ -1,7 +1,9 @@
-"""Fixtures shared by every test package: a local S3 endpoint (moto in server mode)."""
+"""Fixtures shared by every test package: a local S3 endpoint (moto in server mode), random seeds."""
 
 from __future__ import annotations
 
+import os
+import random
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -42,3 +44,12 @@ def s3_bucket(moto_server: MotoServer, s3_client: Any) -> Iterator[str]:
     s3_client.create_bucket(Bucket=name)
     yield name
     moto_server.reset()
+
+
+def random_seed() -> int:
+    """A seed for a randomized test: ``SEGSTORE_TEST_SEED`` if set (to replay a failure), else a new one.
+
+    The test names it in its failure message.
+    """
+    raw = os.environ.get("SEGSTORE_TEST_SEED")
+    return int(raw) if raw else random.randrange(2**32)

@@ -64,6 +64,15 @@ _IN_FLIGHT_WAIT_SHARE = 0.5
 CLOSE_WAIT_S = 30.0
 
 
+def _appended_bytes(op: ops.Operation) -> int:
+    """The bytes an operation queues to append (what sizes a batch)."""
+    if isinstance(op, ops.Append):
+        return op.length
+    if isinstance(op, ops.Composite):
+        return sum(part.length for part in op.parts if isinstance(part, ops.Append))
+    return 0
+
+
 @dataclass(slots=True)
 class _Pending:
     op: ops.Operation
@@ -97,8 +106,6 @@ class DurableLog:
         metadata: ContainerMetadata,
         read_index: ReadIndex,
         metrics: EngineMetrics,
-        *,
-        on_commit: Callable[[list[ops.Operation]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.data_log = data_log
@@ -106,7 +113,6 @@ class DurableLog:
         self.read_index = read_index
         self.metrics = metrics
         self.memory_log = OperationLog(wake_bytes=settings.flush_threshold_bytes)
-        self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # the processor waits here: requests, completed writes
@@ -229,8 +235,7 @@ class DurableLog:
             if self._closed or self._failure:
                 raise ContainerNotReady(self._failure or "the container is stopping")
             self._queue.append(_Pending(op, future, time.monotonic()))
-            if isinstance(op, ops.Append):
-                self._queued_bytes += op.length
+            self._queued_bytes += _appended_bytes(op)
             self._cond.notify()
         return future
 
@@ -252,8 +257,7 @@ class DurableLog:
         size = 0
         while self._queue and size < _BATCH_MAX_BYTES:
             item = self._queue.popleft()
-            if isinstance(item.op, ops.Append):
-                size += item.op.length
+            size += _appended_bytes(item.op)
             items.append(item)
         self._queued_bytes -= size
         return items
@@ -407,7 +411,7 @@ class DurableLog:
             if isinstance(first, ops.MetadataCheckpoint):
                 with self._truncate_lock:
                     self._checkpoints.append((first.seq, batch.write.first_frame_seq))
-        self._apply(batch.logged)
+        self._apply([item.op for item, _ in batch.accepted], [outcome for _, outcome in batch.accepted])
         now = time.monotonic()
         for item, outcome in batch.accepted:
             self.metrics.observe_latency(item.op, now - item.queued_at)
@@ -476,36 +480,73 @@ class DurableLog:
             errors.append(refused if barred or fate is Fate.NOT_SENT else unknown)
         return errors
 
-    def _apply(self, logged: list[ops.Operation]) -> None:
-        """Commit durable operations: metadata, read index, memory log, tails."""
-        grown: set[int] = set()
+    def _apply(self, operations: list[ops.Operation], outcomes: list[Outcome] | None = None) -> None:
+        """Commit durable operations: read index, metadata, memory log, tails.
+
+        Replay passes logged operations only. A commit passes every accepted
+        one with its ``outcomes`` and records each operation's answer
+        (``state``), in order, as its own change left it: one that changed
+        nothing (a duplicate) is answered with the state at its place.
+        The whole batch is applied under the metadata lock, so a reader sees
+        a composite before it or after it, and the bytes an append or merge
+        brings are in the read index before the length that covers them.
+        """
+        answer = outcomes is not None
+        logged: list[ops.Operation] = []
+        touched: set[int] = set()
         appends = appended_bytes = 0
-        for op in logged:
-            self.metadata.apply(op)
-            if isinstance(op, ops.Append):
-                assert op.data is not None
-                self.read_index.append(op.segment_id, op.offset, op.data)
-                op.data = None
-                appends += 1
-                appended_bytes += op.length
-            elif isinstance(op, ops.MergeSegment):
-                self.read_index.move(op.source_id, op.segment_id, op.offset)
-            elif isinstance(op, ops.ForkSegment) and op.data_length:
-                assert op.data is not None
-                self.read_index.append(op.segment_id, op.length, op.data)
-                op.data = None
-            if isinstance(op, ops.SegmentOperation):
-                grown.add(op.segment_id)
+        with self.metadata.lock:
+            for i, op in enumerate(operations):
+                if outcomes is not None and not outcomes[i].logged:
+                    self._answer(op, outcomes[i])
+                    continue
+                parts = op.parts if isinstance(op, ops.Composite) else [op]
+                part_outcomes = outcomes[i].parts if outcomes is not None and outcomes[i].parts else None
+                for j, part in enumerate(parts):
+                    if part_outcomes is not None and not part_outcomes[j].logged:
+                        self._answer(part, part_outcomes[j])
+                        continue
+                    appended_bytes += self._apply_one(part, answer)
+                    appends += isinstance(part, ops.Append)
+                    logged.append(part)
+                    if isinstance(part, ops.SegmentOperation):
+                        touched.add(part.segment_id)
         if appends:
             self.metrics.appends.inc(appends)
             self.metrics.append_bytes.inc(appended_bytes)
-        for segment_id in grown:  # first: a woken tail reader runs before the storage writer
+        for segment_id in touched:  # first: a woken tail reader runs before the storage writer
             self.read_index.notify(segment_id)
         self.memory_log.add(logged)
         if logged:
             self.last_committed_seq = logged[-1].seq
-        if self._on_commit is not None:
-            self._on_commit(logged)
+
+    def _apply_one(self, op: ops.Operation, answer: bool) -> int:
+        """Apply one logged operation (the caller holds the metadata lock); returns bytes appended."""
+        appended = 0
+        if isinstance(op, ops.Append):
+            assert op.data is not None
+            self.read_index.append(op.segment_id, op.offset, op.data)
+            op.data = None
+            appended = op.length
+        elif isinstance(op, ops.MergeSegment):
+            self.read_index.move(op.source_id, op.segment_id, op.offset)
+        elif isinstance(op, ops.ForkSegment) and op.data_length:
+            assert op.data is not None
+            self.read_index.append(op.segment_id, op.length, op.data)
+            op.data = None
+        self.metadata.apply(op)
+        if answer and isinstance(op, ops.SegmentOperation) and not isinstance(op, ops.Delete):
+            op.state = self.metadata.segments[op.segment_id].info()
+        return appended
+
+    def _answer(self, op: ops.Operation, outcome: Outcome) -> None:
+        """Record the answer of an operation that changed nothing: its segment's state at its place."""
+        if isinstance(op, ops.Composite):
+            for part, part_outcome in zip(op.parts, outcome.parts, strict=True):
+                self._answer(part, part_outcome)
+        elif isinstance(op, ops.SegmentOperation):
+            seg = self.metadata.segments.get(op.segment_id)
+            op.state = seg.info() if seg is not None and not seg.deleted else None
 
     # ------------------------------------------------------------- truncation
     def read(self, after_seq: int, max_count: int, timeout_s: float) -> list[ops.Operation]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from engine import SegmentExists, SegmentStore, Settings
 from engine import operations as ops
 from engine.container import SegmentContainer
 from engine.durable_log import frames
+from engine.durable_log.data_log import PendingWrite
 from engine.durable_log.memory_data_log import MemoryDataLog
 from engine.metrics import EngineMetrics
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
@@ -165,6 +167,50 @@ class Node:
     def close(self) -> None:
         self.data_log.gate.set()
         self.store.close()
+
+
+class HeldProcessor:
+    """Keeps the operation processor inside one Tier 1 write so later requests queue behind it."""
+
+    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.node = node
+        self.entered = threading.Event()
+        self.outcomes: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+        original = node.data_log.write
+
+        def write(pending: PendingWrite) -> None:
+            self.entered.set()
+            original(pending)
+
+        monkeypatch.setattr(node.data_log, "write", write)
+        node.data_log.gate.clear()
+
+    def submit(self, key: str, call: Callable[[], Any]) -> None:
+        def run() -> None:
+            try:
+                self.outcomes[key] = call()
+            except Exception as exc:
+                self.outcomes[key] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        self._threads.append(thread)
+
+    def hold(self, key: str, call: Callable[[], Any]) -> None:
+        """Submit ``call`` and wait until its Tier 1 write is in flight (and blocked)."""
+        self.submit(key, call)
+        assert self.entered.wait(5)
+
+    def wait_queued(self, count: int) -> None:
+        queue = self.node.container.durable_log._queue
+        wait_until(lambda: len(queue) == count, what=f"{count} queued operations")
+
+    def release(self) -> dict[str, Any]:
+        self.node.data_log.gate.set()
+        for thread in self._threads:
+            thread.join(10)
+        return self.outcomes
 
 
 @pytest.fixture

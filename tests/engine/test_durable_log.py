@@ -9,62 +9,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from engine import ContainerNotReady, SegmentNotFound, StorageFull, Throttled
 from engine import operations as ops
-from engine.durable_log.data_log import PendingWrite
 from engine.durable_log.frames import iter_batches
 from engine.durable_log.operation_log import OperationLog
-from tests.engine.conftest import Node, logged_operations, wait_until
+from tests.engine.conftest import HeldProcessor, Node, logged_operations
 
 W = uuid.UUID(int=7)
-
-
-class HeldProcessor:
-    """Keeps the operation processor inside one Tier 1 write so later requests queue behind it."""
-
-    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.node = node
-        self.entered = threading.Event()
-        self.outcomes: dict[str, Any] = {}
-        self._threads: list[threading.Thread] = []
-        original = node.data_log.write
-
-        def write(pending: PendingWrite) -> None:
-            self.entered.set()
-            original(pending)
-
-        monkeypatch.setattr(node.data_log, "write", write)
-        node.data_log.gate.clear()
-
-    def submit(self, key: str, call: Callable[[], Any]) -> None:
-        def run() -> None:
-            try:
-                self.outcomes[key] = call()
-            except Exception as exc:
-                self.outcomes[key] = exc
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        self._threads.append(thread)
-
-    def hold(self, key: str, call: Callable[[], Any]) -> None:
-        """Submit ``call`` and wait until its Tier 1 write is in flight (and blocked)."""
-        self.submit(key, call)
-        assert self.entered.wait(5)
-
-    def wait_queued(self, count: int) -> None:
-        queue = self.node.container.durable_log._queue
-        wait_until(lambda: len(queue) == count, what=f"{count} queued operations")
-
-    def release(self) -> dict[str, Any]:
-        self.node.data_log.gate.set()
-        for thread in self._threads:
-            thread.join(10)
-        return self.outcomes
 
 
 def test_concurrent_appends_share_tier1_writes(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,6 +112,15 @@ OTHER_OPERATIONS = [
         seq=7,
         snapshot={"container_id": 0, "epoch": 2, "next_segment_id": 9, "segments": [{"name": "s"}]},
     ),
+    ops.Composite(
+        seq=17,
+        parts=[
+            ops.Delete(seq=15, name="o", segment_id=3),
+            ops.CreateSegment(seq=16, name="o", segment_id=6, created=2.5),
+            ops.Append(seq=17, segment_id=6, offset=0, timestamp=2.5, data=b"new bytes"),
+        ],
+        logged=[True, True, True],
+    ),
 ]
 
 
@@ -125,6 +134,28 @@ def test_every_other_operation_type_round_trips(op: ops.Operation) -> None:
 def test_every_operation_type_is_covered() -> None:
     covered = {type(op) for op in OTHER_OPERATIONS} | {ops.Append}
     assert covered == set(ops._TYPES)
+
+
+def test_a_composite_serializes_only_the_parts_that_changed_something() -> None:
+    seal = ops.Seal(name="s", segment_id=3)  # of a sealed segment: nothing to log
+    append = ops.Append(seq=5, segment_id=3, offset=7, timestamp=1.0, data=b"x")
+    composite = ops.Composite(seq=5, parts=[seal, append], logged=[False, True])
+    decoded = round_trip(composite)
+    assert isinstance(decoded, ops.Composite)
+    assert decoded.parts == [append]
+
+
+@pytest.mark.parametrize("parts", [[], [8]], ids=["no part", "another sequence number"])
+def test_a_composite_that_does_not_end_with_its_sequence_number_is_corrupt(parts: list[int]) -> None:
+    body = b"".join(ops.encode(ops.Seal(seq=seq, name="s", segment_id=1)) for seq in parts)
+    with pytest.raises(DataCorrupted):
+        ops.decode_all(_header(ops.OpType.COMPOSITE, 9, body))
+
+
+def test_a_composite_holds_segment_operations_only() -> None:
+    checkpoint = ops.encode(ops.MetadataCheckpoint(seq=9, snapshot={}))
+    with pytest.raises(DataCorrupted):
+        ops.decode_all(_header(ops.OpType.COMPOSITE, 9, checkpoint))
 
 
 def test_encoding_needs_a_sequence_number() -> None:
