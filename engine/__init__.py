@@ -57,6 +57,7 @@ from engine.naming import (
     stream_meta_of_data_segment,
     stream_meta_segment,
     stream_of_meta_segment,
+    transaction_name,
     validate_segment_name,
 )
 from engine.store import SegmentStore
@@ -119,5 +120,6 @@ __all__ = [
     "stream_meta_of_data_segment",
     "stream_meta_segment",
     "stream_of_meta_segment",
+    "transaction_name",
     "validate_segment_name",
 ]

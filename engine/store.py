@@ -30,7 +30,7 @@ from engine.container_state import FAILED
 from engine.data_folder import DataFolder
 from engine.errors import ContainerNotReady, InvalidArgument, SegmentNotFound
 from engine.metrics import EngineMetrics, register_process_metrics
-from engine.naming import container_for, transaction_name, validate_name
+from engine.naming import container_for, parent_of, transaction_name, validate_name
 from engine.store_metrics import ContainerCollector, SyncCollector
 from engine.tiers import Tiers
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
@@ -359,12 +359,14 @@ class SegmentStore:
         and answered once: each step with the state its own change left
         (engine/composite.py). A crash leaves all of it or none of it.
         """
-        containers = {self.container_of(n) for step in steps for n in names_of(step)}
-        if len(containers) > 1:
-            raise InvalidArgument("a composite operation's segments must live in one container")
         if not steps:
             raise InvalidArgument("a composite operation needs at least one step")
-        return self._container(names_of(steps[0])[0]).composite(steps)
+        names = {n for step in steps for n in names_of(step)}
+        for name in names:  # an internal segment (a transaction) is judged by its parent's name
+            validate_name(parent_of(name))
+        if len({container_for(n, self._count()) for n in names}) > 1:
+            raise InvalidArgument("a composite operation's segments must live in one container")
+        return self._container(parent_of(names_of(steps[0])[0])).composite(steps)
 
     def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
         """Apply attribute updates atomically: all of them, or none (ConditionalCheckFailed).

@@ -16,7 +16,7 @@ from flask import Response
 from app.s3 import answers, objects, subresources
 from app.s3.errors import S3Error
 from app.s3.xml import Node, document, parse
-from engine import SegmentExists, SegmentNotFound, SegmentStore, SegstoreError
+from engine import CreateStep, SealStep, SegmentExists, SegmentNotFound, SegmentStore, SegstoreError
 
 DELETE_KEYS_MAX = 1000
 
@@ -27,13 +27,12 @@ def create_bucket(store: SegmentStore, bucket: str, body: bytes) -> Response:
         _check_configuration(parse(body))
     marker = objects.bucket_marker(bucket)
     try:
-        store.create(marker)
+        store.composite([CreateStep(marker), SealStep(marker)])
     except SegmentExists:
         raise S3Error(
             "BucketAlreadyOwnedByYou",
             "Your previous request to create the named bucket succeeded and you already own it.",
         ) from None
-    store.seal(marker)
     return Response(status=200, headers={"Location": f"/{bucket}"})
 
 

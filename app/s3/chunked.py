@@ -130,9 +130,13 @@ class _Chunks:
 
 
 class Body:
-    """One upload body: ``pieces`` yields its bytes, ``finish`` checks them (call it before trusting)."""
+    """One upload body: ``pieces`` yields its bytes, ``finish`` checks them (call it before trusting).
 
-    def __init__(self, req: Request, signing: Signing | None) -> None:
+    ``checksum_headers``: whether ``x-amz-checksum-*`` headers are checksums
+    of this body (on CompleteMultipartUpload they are the object's instead).
+    """
+
+    def __init__(self, req: Request, signing: Signing | None, *, checksum_headers: bool = True) -> None:
         payload = req.headers.get("X-Amz-Content-SHA256", UNSIGNED)
         self.payload_sha256 = payload if _HEX64.fullmatch(payload) else None
         self.md5 = hashlib.md5()
@@ -140,7 +144,7 @@ class Body:
         self.length = 0
         self.content_md5 = req.headers.get("Content-MD5")
         self.checks: dict[str, tuple[checksums.Checksum, str | None]] = {}
-        for name, value in req.headers.items():
+        for name, value in req.headers.items() if checksum_headers else ():
             lname = name.lower()
             if lname.startswith(checksums.HEADER_PREFIX) and lname != "x-amz-checksum-type":
                 self._expect(lname, value)

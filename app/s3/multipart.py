@@ -8,29 +8,20 @@ md5, "size": bytes, "time": unix s[, "checksum": base64]}`` (a part sent
 again is a new line; the last one wins). Each part's bytes go into a
 transaction of the upload segment, invisible until committed.
 
-CompleteMultipartUpload, holding a lock of the upload, then of the key:
-
-1. judges the write's conditions against the object now (a 412 leaves the
-   upload as it was, and it can be completed again);
-2. appends its decision ``{"complete": [transaction ids]}`` to the part log:
-   from here on the upload is completing, and a retry finishes that decision
-   whatever parts it lists;
-3. commits the chosen transactions in part-number order (each commit merges
-   one part at the end of the upload segment; a commit repeated answers as
-   the first did), aborts the others and seals the upload segment;
-4. publishes it as the object (``objects.replace``) with S3's ETag
-   ``md5(md5(part 1) ... md5(part N))-N``;
-5. records the completion in ``#s3/completed/<upload id>`` (ETag, checksum,
-   object segment id) and drops the part log.
-
-A crash anywhere leaves what a retry of the Complete finishes: before 2,
-nothing happened; between 2 and 4, the retry resumes the decision (an object
-left empty by a crash inside 4 is known as this upload's by the ETag its
-record names); after 4, the upload segment is gone and the object's record
-names this upload, so the retry seals the object, records and answers. After
-5, a retry answers from the completion record, for ``transaction_timeout_s``.
-AbortMultipartUpload deletes the upload segment, which drops its
-transactions, and the part log.
+CompleteMultipartUpload judges the write's conditions and the chosen parts,
+then does everything in one composite operation (engine/composite.py):
+each chosen part's transaction sealed and merged into the upload segment
+in part-number order, the upload published as the object (``objects.publish``:
+the old object replaced, the record written) with S3's ETag
+``md5(md5(part 1) ... md5(part N))-N``, the completion recorded in
+``#s3/completed/<upload id>`` (ETag, checksum, object segment id) and the
+part log dropped. A crash leaves all of it or none of it: a retry either
+finds the completion record and answers from it (for
+``transaction_timeout_s``), or does the whole Complete. Two Completes of one
+upload, or a Complete and an Abort, cannot both apply: the second finds the
+upload's segments gone. The parts not chosen are aborted after, and the
+engine's reaper takes any a crash leaves. AbortMultipartUpload deletes the
+upload segment, which drops its transactions, and the part log.
 
 Transactions idle longer than ``transaction_timeout_s`` (600 s by default)
 are aborted by the engine: an upload must complete within that time of its
@@ -47,21 +38,28 @@ import json
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from app.s3 import checksums, objects
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
 from engine import (
+    AppendStep,
+    CreateStep,
+    DeleteStep,
     InvalidName,
+    MergeStep,
+    SealStep,
     SegmentExists,
     SegmentInfo,
     SegmentNotFound,
     SegmentSealed,
     SegmentStore,
     SegstoreError,
+    Step,
     s3_state_name,
+    transaction_name,
 )
 
 PART_NUMBER_MAX = 10000
@@ -110,10 +108,10 @@ def create(store: SegmentStore, bucket: str, key: str, meta: dict[str, str], alg
     target = objects.object_name(bucket, key)
     upload = objects.colocated(store, "uploads", target)
     upload_id = upload.rsplit("/", 1)[1]
-    store.create(upload)
-    store.create(parts_name(upload_id))
     header = {"bucket": bucket, "key": key, "meta": meta, "checksum": algorithm}
-    store.append(parts_name(upload_id), json.dumps(header, ensure_ascii=False).encode() + b"\n")
+    line = json.dumps(header, ensure_ascii=False).encode() + b"\n"
+    parts = parts_name(upload_id)
+    store.composite([CreateStep(upload), CreateStep(parts), AppendStep(parts, line)])
     return upload_id
 
 
@@ -203,16 +201,6 @@ def _every_part(records: list[dict]) -> list[Part]:
     ]
 
 
-def _decision(records: list[dict]) -> list[Part] | None:
-    """The parts a Complete decided on (step 2), in order; None if none did."""
-    decided = [r["complete"] for r in records[1:] if "complete" in r]
-    assert len(decided) <= 1, decided
-    if not decided:
-        return None
-    by_tx = {str(part.txid): part for part in _every_part(records)}
-    return [by_tx[txid] for txid in decided[0]]
-
-
 def upload_part(
     store: SegmentStore,
     upload_id: str,
@@ -240,7 +228,7 @@ def upload_part(
     size = 0
     try:
         for piece in pieces:
-            objects.patiently(functools.partial(store.append_transaction, upload, txid), piece)
+            objects.patiently(functools.partial(store.append_transaction, upload, txid, piece))
             size += len(piece)
         etag, sent = finish()
         checksum = sent.get(checksums.HEADER_PREFIX + algorithm) if algorithm else None
@@ -279,13 +267,15 @@ def complete(
     *,
     if_none_match: bool = False,
     if_match: str | None = None,
+    checksum: Mapping[str, str] | None = None,
 ) -> Stored:
-    """Merge the chosen parts in order and publish the object; returns what the object keeps.
+    """Merge the chosen parts in order and publish the object, all at once; returns what it keeps.
 
-    The steps, and what a retry finds after a crash at any of them, are in
-    the module docstring. A Complete repeated after one succeeded answers as
-    that one did, for ``transaction_timeout_s``, without looking at its parts
-    or conditions again (as S3 answers the retry of a lost answer).
+    ``checksum``: the object's checksum headers the client expects (S3's
+    composite ``<base64>-N``); BadDigest when the parts give another.
+    A Complete repeated after one succeeded answers as that one did, for
+    ``transaction_timeout_s``, without looking at its parts or conditions
+    again (as S3 answers the retry of a lost answer).
     """
     if not chosen:
         raise S3Error("MalformedXML", "You must specify at least one part")
@@ -293,33 +283,72 @@ def complete(
     if numbers != sorted(set(numbers)):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
     _check_id(upload_id)
-    with objects.key_lock(upload_name(upload_id)):
+    done = _completed(store, upload_id, bucket, key)
+    if done is not None:
+        return done
+    records = _records(store, upload_id, bucket, key)
+    known = _parts(records)
+    _check_chosen(records[0], known, chosen)
+    parts = [known[n] for n in numbers]
+    stored = _stored(records[0], parts)
+    _check_checksum(stored, checksum or {})
+    target = objects.object_name(bucket, key)
+    upload = upload_name(upload_id)
+    before: list[Step] = []
+    for part in parts:
+        tx = transaction_name(upload, part.txid)
+        before += [SealStep(tx), MergeStep(upload, tx)]
+    record = functools.partial(_completion_line, bucket, key, stored, target)
+    after = [CreateStep(completed_name(upload_id)), AppendStep(completed_name(upload_id), record),
+             DeleteStep(parts_name(upload_id))]  # fmt: skip
+    try:
+        objects.publish(
+            store, target, stored, staging=upload, length=sum(p.size for p in parts),
+            if_none_match=if_none_match, if_match=if_match, before=before, after=after,
+        )  # fmt: skip
+    except (SegmentNotFound, SegmentExists, SegmentSealed) as err:
         done = _completed(store, upload_id, bucket, key)
-        if done is not None:
-            objects.discard(store, parts_name(upload_id))  # left by a crash after step 5's record
+        if done is not None:  # another Complete of it came first
             return done
-        records = _records(store, upload_id, bucket, key)
-        decided = _decision(records)
-        if decided is None:
-            known = _parts(records)
-            _check_chosen(records[0], known, chosen)
-            parts = [known[n] for n in numbers]
-        else:
-            parts = decided
-        stored = _stored(records[0], parts)
-        target = objects.object_name(bucket, key)
-        with objects.key_lock(target):
-            info = _publish(
-                store, upload_id, target, stored, records, parts, decided is not None,
-                if_none_match=if_none_match, if_match=if_match,
-            )  # fmt: skip
-        record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
-        record["id"] = info.segment_id  # the object this upload made
-        with contextlib.suppress(SegmentExists):
-            store.create(completed_name(upload_id))
-        store.append(completed_name(upload_id), json.dumps(record, ensure_ascii=False).encode())
-        objects.discard(store, parts_name(upload_id))
-        return stored
+        if err.step is not None and err.step < len(before) and objects.info_or_none(store, upload):
+            raise _expired(parts[err.step // 2].number) from None
+        raise _no_such_upload() from None
+    chosen_txids = {part.txid for part in parts}
+    for part in _every_part(records):
+        if part.txid not in chosen_txids:
+            with contextlib.suppress(SegstoreError):
+                store.abort_transaction(upload, part.txid)
+    return stored
+
+
+def _completion_line(
+    bucket: str, key: str, stored: Stored, target: str, info_of: Callable[[str], SegmentInfo]
+) -> bytes:
+    """The completion record: what the Complete answered, and the object it made (its segment id)."""
+    record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
+    record["id"] = info_of(target).segment_id
+    return json.dumps(record, ensure_ascii=False).encode()
+
+
+def _check_checksum(stored: Stored, sent: Mapping[str, str]) -> None:
+    """The object's checksum a Complete names must be the one its parts give (S3's composite)."""
+    for header, value in sent.items():
+        computed = stored.checksum.get(header)
+        if computed is None:
+            algorithm = header.removeprefix(checksums.HEADER_PREFIX)
+            raise S3Error(
+                "InvalidRequest",
+                f"the upload has no {algorithm} checksum: create it with x-amz-checksum-algorithm "
+                f"{algorithm.upper()} and send that checksum with every part",
+            )
+        digest, _, count = computed.rpartition("-")
+        if value.strip() not in (computed, digest):
+            algorithm = header.removeprefix(checksums.HEADER_PREFIX).upper()
+            raise S3Error(
+                "BadDigest",
+                f"The {algorithm} you specified did not match the calculated checksum "
+                f"({computed}, the checksum of the {count} parts' checksums).",
+            )
 
 
 def _check_chosen(header: dict, known: dict[int, Part], chosen: list[Chosen]) -> None:
@@ -366,59 +395,6 @@ def _stored(header: dict, chosen: list[Part]) -> Stored:
     )
 
 
-def _publish(
-    store: SegmentStore,
-    upload_id: str,
-    target: str,
-    stored: Stored,
-    records: list[dict],
-    parts: list[Part],
-    decided: bool,
-    *,
-    if_none_match: bool,
-    if_match: str | None,
-) -> SegmentInfo:
-    """Steps 1 to 4 under the key's lock, resuming the decision a crash interrupted (``decided``)."""
-    upload = upload_name(upload_id)
-    current = objects.info_or_none(store, target)
-    # An object whose record names this upload's ETag is this completion's own, left by a crash.
-    ours = decided and current is not None and objects.recorded_etag(store, current) == stored.etag
-    staged = objects.info_or_none(store, upload)
-    if staged is None:  # merged into the object already (step 4 done), or aborted
-        if current is None or not ours:
-            raise _no_such_upload()
-        return store.seal(target)
-    assert decided or not staged.sealed, "an upload segment is sealed only after its decision"
-    if not ours:
-        objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
-    if not decided:
-        for part in parts:
-            _require_open(store, upload, part)
-        decision = {"complete": [str(part.txid) for part in parts]}
-        store.append(parts_name(upload_id), json.dumps(decision).encode() + b"\n")
-    if not staged.sealed:
-        for part in parts:
-            try:
-                store.commit_transaction(upload, part.txid)
-            except SegmentNotFound:
-                raise _expired(part.number) from None
-        chosen = {part.txid for part in parts}
-        for part in _every_part(records):
-            if part.txid not in chosen:
-                with contextlib.suppress(SegstoreError):
-                    store.abort_transaction(upload, part.txid)
-        store.seal(upload)
-    return objects.replace(store, target, upload, stored, current)
-
-
-def _require_open(store: SegmentStore, upload: str, part: Part) -> None:
-    """InvalidPart if the part's transaction is gone (idle past ``transaction_timeout_s``)."""
-    try:
-        store.transaction_info(upload, part.txid)
-    except SegmentNotFound:
-        raise _expired(part.number) from None
-
-
 def _expired(number: int) -> S3Error:
     return S3Error("InvalidPart", f"part {number} expired (its transaction idled past transaction_timeout_s)")
 
@@ -451,8 +427,7 @@ def _completed(store: SegmentStore, upload_id: str, bucket: str, key: str) -> St
 
 
 def abort(store: SegmentStore, upload_id: str, bucket: str, key: str) -> None:
-    """Drop the upload and its parts (never while a Complete of it runs: they share a lock)."""
+    """Drop the upload and its parts (a Complete running meanwhile either came first or finds them gone)."""
     _check_header(store, upload_id, bucket, key)
-    with objects.key_lock(upload_name(upload_id)):
-        objects.discard(store, upload_name(upload_id))
-        objects.discard(store, parts_name(upload_id))
+    objects.discard(store, upload_name(upload_id))
+    objects.discard(store, parts_name(upload_id))

@@ -14,18 +14,23 @@ API refuses and native listings hide:
   replaced through the native API gets a derived ETag ``<md5 of
   id:length>-1`` and no metadata instead, never a wrong MD5. HEAD reads this
   record, never the object;
-- a PutObject stages its bytes in ``#s3/staging/<uuid>`` and a multipart
-  upload collects its parts in ``#s3/uploads/<upload id>``; both names are
-  picked in the target's container, so publishing them is a metadata-only
-  merge, whatever the object's size.
+- a PutObject whose body fits one append carries its bytes in the publish
+  itself; a larger one stages them in ``#s3/staging/<uuid>``, and a
+  multipart upload collects its parts in ``#s3/uploads/<upload id>``; both
+  names are picked in the target's container, so publishing them is a
+  metadata-only merge, whatever the object's size.
 
-Publishing (``publish``) under a per-key lock: judge the write's
-conditions, [delete the old object], create it empty, write its record,
-merge the sealed staging segment into it, seal it. A reader in between sees
-NoSuchKey or an empty object for the few milliseconds of three log
-operations; it never sees a mix of old and new bytes, nor a half-written
-upload, nor bytes with another object's record (``replace`` says what holds
-at each step, a crash included).
+Publishing (``publish``) is one composite operation (engine/composite.py):
+the old object deleted, the new one created with its bytes (or the staging
+segment merged into it), its record written, the object sealed, all in one
+log entry. A reader sees the old object or the new one, each with its own
+record; NoSuchKey only if there was none; never an empty or half-written
+object, and a crash leaves one or the other. The write's conditions
+(``If-None-Match``, ``If-Match``) are judged against the object, and the
+composite holds only while that object is still the one judged (its
+segment id, the record's length): when another writer of the key came
+first, the publish judges again and retries, so concurrent writers of one
+key need no lock and the last one to commit wins, as on S3.
 """
 
 from __future__ import annotations
@@ -33,31 +38,35 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
-import logging
 import re
-import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
 from engine import (
-    AppendResult,
+    AppendStep,
+    ConditionalCheckFailed,
+    CreateStep,
+    DeleteStep,
     InvalidName,
+    MergeStep,
+    SealStep,
     SegmentExists,
     SegmentInfo,
     SegmentNotFound,
     SegmentStore,
     SegstoreError,
+    Step,
     Throttled,
+    TruncateStep,
     s3_state_name,
     validate_segment_name,
 )
-
-log = logging.getLogger(__name__)
 
 # The one region a bucket reports (GetBucketLocation answers the empty us-east-1 constraint).
 REGION = "us-east-1"
@@ -68,21 +77,9 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
 _RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
-_locks_guard = threading.Lock()
-
-
-def key_lock(name: str) -> threading.Lock:
-    """One lock per object name while anyone holds it: publishes of one key never interleave.
-
-    One worker process owns the data directory, so a process-local lock is enough.
-    """
-    with _locks_guard:
-        lock = _locks.get(name)
-        if lock is None:
-            lock = threading.Lock()
-            _locks[name] = lock
-        return lock
+# How often a write of a key is judged again when other writers of it keep coming first.
+RACED_TRIES_MAX = 8
+T = TypeVar("T")
 
 
 def check_bucket_name(bucket: str) -> None:
@@ -209,48 +206,8 @@ def etags_of(store: SegmentStore, infos: list[SegmentInfo]) -> dict[str, str]:
     }
 
 
-def recorded_etag(store: SegmentStore, info: SegmentInfo) -> str | None:
-    """The ETag the record of segment ``info`` names, whether or not its bytes are all in yet.
-
-    A publish writes the record before the bytes merge in: this tells whose
-    segment an empty or unsealed object is after a crash between the two.
-    """
-    record = _record(store, info)
-    return str(record["etag"]) if record is not None else None
-
-
 def etag_of(store: SegmentStore, info: SegmentInfo) -> str:
     return stored_of(store, info).etag
-
-
-def write_record(store: SegmentStore, name: str, segment_id: int, length: int, stored: Stored) -> None:
-    """Record ``stored`` for the object segment ``name`` once it is ``segment_id`` of ``length`` bytes.
-
-    The record segment keeps only its last line. Back-pressure is waited out
-    as an upload's is; past that, the object goes without its record (a
-    derived ETag and no metadata, never another object's) and a warning says so.
-    """
-    record = record_name(name)
-    if record is None:
-        return
-    appended: list[AppendResult] = []
-    try:
-        with contextlib.suppress(SegmentExists):
-            store.create(record)
-        line = stored.to_json(segment_id, length)
-        patiently(lambda data: appended.append(store.append(record, data)), line)
-        offset = appended[0].offset
-        assert offset is not None
-        store.truncate(record, offset)
-    except Throttled as err:
-        log.warning("record of %r not written: %s", name, err.detail)
-
-
-def drop_record(store: SegmentStore, name: str) -> None:
-    record = record_name(name)
-    if record is not None:
-        with contextlib.suppress(SegmentNotFound):
-            store.delete(record)
 
 
 def precondition_failed() -> S3Error:
@@ -274,8 +231,8 @@ def check_write_conditions(
             raise precondition_failed()
 
 
-def patiently(append: Callable[[bytes], object], data: bytes) -> None:
-    """``append(data)``, waiting out back-pressure (Throttled) for up to ``THROTTLED_WAIT_MAX_S``.
+def patiently(call: Callable[[], T]) -> T:
+    """``call()``, waiting out back-pressure (Throttled) for up to ``THROTTLED_WAIT_MAX_S``.
 
     An upload is many appends; failing it at its 200th MiB because Tier 2 is
     briefly behind would make the client send everything again.
@@ -283,8 +240,7 @@ def patiently(append: Callable[[bytes], object], data: bytes) -> None:
     deadline = time.monotonic() + THROTTLED_WAIT_MAX_S
     while True:
         try:
-            append(data)
-            return
+            return call()
         except Throttled as err:
             if time.monotonic() + err.retry_after_s > deadline:
                 raise
@@ -292,16 +248,44 @@ def patiently(append: Callable[[bytes], object], data: bytes) -> None:
 
 
 def stage(store: SegmentStore, target: str, pieces: Iterable[bytes]) -> str:
-    """Write ``pieces`` into a new staging segment beside ``target``; returns its name (unsealed)."""
+    """Write ``pieces`` into a new staging segment beside ``target``; returns its name (unsealed).
+
+    The segment is created with the first piece (one log entry).
+    """
     staging = colocated(store, "staging", target)
-    store.create(staging)
+    pieces = iter(pieces)
+    first = next(pieces, b"")
+    created: list[Step] = [CreateStep(staging), *([AppendStep(staging, first)] if first else [])]
+    patiently(lambda: store.composite(created))
     try:
         for piece in pieces:
-            patiently(functools.partial(store.append, staging), piece)
+            patiently(functools.partial(store.append, staging, piece))
     except BaseException:
         discard(store, staging)
         raise
     return staging
+
+
+def small_or_staged(
+    store: SegmentStore, target: str, pieces: Iterator[bytes], finish: Callable[[], object]
+) -> tuple[bytes | None, str | None]:
+    """An upload's bytes: in hand if they fit one append (one piece), else staged beside ``target``.
+
+    ``finish()`` checks the body once it is all read; a body that fails it
+    leaves nothing behind.
+    """
+    first = next(pieces, b"")
+    second = next(pieces, None)
+    if second is None:
+        finish()
+        return first, None
+    staging = stage(store, target, itertools.chain([first, second], pieces))
+    try:
+        finish()
+    except BaseException:
+        discard(store, staging)
+        raise
+    return None, staging
 
 
 def discard(store: SegmentStore, name: str) -> None:
@@ -319,62 +303,123 @@ def info_or_none(store: SegmentStore, name: str) -> SegmentInfo | None:
 def publish(
     store: SegmentStore,
     target: str,
-    staging: str,
     stored: Stored,
     *,
+    data: bytes | None = None,
+    staging: str | None = None,
     if_none_match: bool = False,
     if_match: str | None = None,
+    length: int | None = None,
+    before: Sequence[Step] = (),
+    after: Sequence[Step] = (),
 ) -> SegmentInfo:
-    """Make the ``staging`` segment the object ``target`` (replacing it), with ``stored`` as its record.
+    """Make ``data`` (or the ``staging`` segment) the object ``target`` with ``stored`` as its record.
 
-    ``if_none_match``: only if there is no such object; ``if_match``: only if
-    the current object has that ETag (or exists, for ``*``). Either failing:
-    PreconditionFailed. On any failure the staging segment is dropped and
-    the object is left as ``replace`` left it.
+    One composite operation (the module says what holds). ``if_none_match``:
+    only if there is no such object; ``if_match``: only if the current object
+    has that ETag (or exists, for ``*``). Either failing: PreconditionFailed.
+    ``before`` and ``after`` are the caller's steps in the same composite (a
+    multipart upload's parts merged into its staging segment; its completion
+    record). A refused step of theirs raises its error (``step`` counts from
+    the first of ``before``); the staging segment is the caller's to drop.
+    ``length``: the object's, if ``before`` changes the staging segment's.
+    Returns the new object's state.
     """
-    try:
-        store.seal(staging)
-        with key_lock(target):
-            current = info_or_none(store, target)
-            check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
-            return replace(store, target, staging, stored, current)
-    except BaseException:
-        discard(store, staging)
-        raise
+    assert (data is None) != (staging is None), "an object's bytes come in hand or staged"
+    if data is not None:
+        length = len(data)
+    for _ in range(RACED_TRIES_MAX):
+        current = info_or_none(store, target)
+        check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
+        replacing = replace_steps(store, target, current, stored, data=data, staging=staging, length=length)
+        steps = [*before, *replacing, *after]
+        try:
+            results = store.composite(steps)
+        except (SegmentExists, SegmentNotFound, ConditionalCheckFailed) as err:
+            if not raced(err, steps, target):
+                raise
+            continue
+        published = results[len(before) + len(replacing) - 1]
+        assert isinstance(published, SegmentInfo) and published.sealed, published
+        return published
+    raise S3Error("SlowDown", f"other writers of {target!r} kept coming first; please retry")
 
 
-def replace(
-    store: SegmentStore, target: str, staging: str, stored: Stored, current: SegmentInfo | None
-) -> SegmentInfo:
-    """The swap of ``publish`` (the caller holds ``key_lock(target)``; ``staging`` is sealed).
+def replace_steps(
+    store: SegmentStore,
+    target: str,
+    current: SegmentInfo | None,
+    stored: Stored,
+    *,
+    data: bytes | None = None,
+    staging: str | None = None,
+    length: int | None = None,
+) -> list[Step]:
+    """The steps that put the new object in ``current``'s place, ending with its seal.
 
-    [Delete the ``current`` object], create the target empty, write its record
-    for the segment id and length it will have, merge the staging segment
-    into it (one log operation), seal it. What holds at every step, a crash
-    included: a reader sees the old object (its bytes and record), no object,
-    an empty one (a derived ETag, no metadata), or the new bytes with their
-    own record; never new bytes with the old record or the reverse, as a
-    record only counts for the segment id and length it names.
+    [Delete ``current`` (only that segment)], create the target, append its
+    bytes or merge the staging segment in, write its record (created, or
+    appended at the length it has now and truncated there: it keeps only its
+    last line), seal the target. ``length``: the object's (default: the
+    staging segment's now).
     """
-    staged = store.info(staging)
+    if length is None:
+        assert staging is not None
+        length = store.info(staging).length
+    steps: list[Step] = []
     if current is not None:
-        store.delete(target)
-    created = store.create(target)
-    write_record(store, target, created.segment_id, staged.length, stored)
-    merged = store.merge(target, staging)
-    assert merged.offset == 0, "a fresh object segment must be empty when its bytes merge in"
-    return store.seal(target)
+        steps.append(DeleteStep(target, segment_id=current.segment_id))
+    steps.append(CreateStep(target))
+    if data:
+        steps.append(AppendStep(target, data))
+    elif staging is not None:
+        steps += [SealStep(staging), MergeStep(target, staging)]
+    record = record_name(target)
+    if record is not None:
+        line = functools.partial(_record_line, stored, target, length)
+        kept = info_or_none(store, record)
+        if kept is None:
+            steps += [CreateStep(record), AppendStep(record, line)]
+        else:
+            line_step = AppendStep(record, line, expected_offset=kept.length)
+            steps += [line_step, TruncateStep(record, kept.length)]
+    steps.append(SealStep(target))
+    return steps
+
+
+def _record_line(stored: Stored, target: str, length: int, info_of: Callable[[str], SegmentInfo]) -> bytes:
+    """The record line of the object the composite creates: it names that segment's id."""
+    return stored.to_json(info_of(target).segment_id, length)
+
+
+def raced(err: SegstoreError, steps: list[Step], target: str) -> bool:
+    """Whether a refused composite met another writer of ``target`` (or its record): judge again."""
+    if err.step is None:
+        return False
+    step = steps[err.step]
+    name = step.target if isinstance(step, MergeStep) else step.name
+    return name in (target, record_name(target)) and not isinstance(step, MergeStep)
 
 
 def delete_object(store: SegmentStore, name: str, *, if_match: str | None = None) -> None:
-    """Delete the object and its record; a missing object is fine (S3 answers 204 alike).
+    """Delete the object and its record in one composite; a missing object is fine (S3 answers 204).
 
     With ``if_match``, only the object of that ETag (412 otherwise, 404 if there is none).
     """
-    with key_lock(name):
+    record = record_name(name)
+    for _ in range(RACED_TRIES_MAX):
+        current = info_or_none(store, name)
         if if_match is not None:
-            current = info_or_none(store, name)
             check_write_conditions(store, current, if_none_match=False, if_match=if_match)
-        with contextlib.suppress(SegmentNotFound):
-            store.delete(name)
-        drop_record(store, name)
+        steps: list[Step] = [] if current is None else [DeleteStep(name, segment_id=current.segment_id)]
+        if record is not None and info_or_none(store, record) is not None:
+            steps.append(DeleteStep(record))
+        if not steps:
+            return
+        try:
+            store.composite(steps)
+            return
+        except SegmentNotFound as err:
+            if not raced(err, steps, name):
+                raise
+    raise S3Error("SlowDown", f"other writers of {name!r} kept coming first; please retry")

@@ -139,8 +139,26 @@ def stream(store: SegmentStore, info: SegmentInfo, start: int, end: int) -> Iter
 
 
 def get_object(store: SegmentStore, name: str, *, head: bool) -> Response:
-    info = store.info(name)
-    stored = objects.stored_of(store, info)
+    """GetObject or HeadObject of the object as it is at one moment.
+
+    An object replaced between reading its state, its record and its first
+    bytes (a publish committed meanwhile) is read again: an answer never
+    mixes the old object's state with the new one's record or bytes.
+    """
+    for attempt in range(objects.RACED_TRIES_MAX):
+        info = store.info(name)
+        stored = objects.stored_of(store, info)
+        if stored.etag == objects.derived_etag(info) and store.info(name).segment_id != info.segment_id:
+            continue  # its record named the new object: replaced while it was read
+        try:
+            return _answer(store, info, stored, head=head)
+        except SegmentNotFound:
+            if attempt == objects.RACED_TRIES_MAX - 1:
+                raise
+    raise S3Error("SlowDown", f"{name!r} kept being replaced while it was read; please retry")
+
+
+def _answer(store: SegmentStore, info: SegmentInfo, stored: metadata.Stored, *, head: bool) -> Response:
     not_modified = _preconditions(info, stored)
     if not_modified is not None:
         return not_modified

@@ -34,7 +34,11 @@ from app.s3.chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
 from engine import (
+    AppendResult,
+    AppendStep,
     ConditionalCheckFailed,
+    CreateStep,
+    SegmentExists,
     SegmentInfo,
     SegmentNotFound,
     SegmentSealed,
@@ -98,8 +102,8 @@ def _require(verdict: sigv4.Verdict, access: auth.Access, name: str) -> None:
         raise S3Error("AccessDenied", err.detail) from None
 
 
-def _xml_body(verdict: sigv4.Verdict) -> bytes:
-    body = Body(request, verdict.signing)
+def _xml_body(verdict: sigv4.Verdict, *, checksum_headers: bool = True) -> bytes:
+    body = Body(request, verdict.signing, checksum_headers=checksum_headers)
     data = body.read_all(XML_BODY_MAX_BYTES)
     body.finish()
     return data
@@ -209,18 +213,35 @@ def _put_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Respo
         current = objects.info_or_none(store, name)
         objects.check_write_conditions(store, current, if_none_match=if_none_match, if_match=if_match)
     body = Body(request, verdict.signing)
-    staging = objects.stage(store, name, body.pieces(store.settings.max_append_bytes))
-    try:
-        body.finish()
-    except BaseException:
-        objects.discard(store, staging)
-        raise
+    pieces = body.pieces(store.settings.max_append_bytes)
+    data, staging = objects.small_or_staged(store, name, pieces, body.finish)
     checksum = body.checksum_headers()
     if checksum:
         checksum["x-amz-checksum-type"] = "FULL_OBJECT"
     stored = metadata.Stored(body.etag, meta, checksum)
-    objects.publish(store, name, staging, stored, if_none_match=if_none_match, if_match=if_match)
+    _publish(store, name, stored, data, staging, if_none_match=if_none_match, if_match=if_match)
     return Response(status=200, headers={"ETag": f'"{body.etag}"', **checksum})
+
+
+def _publish(
+    store: SegmentStore,
+    name: str,
+    stored: metadata.Stored,
+    data: bytes | None,
+    staging: str | None,
+    *,
+    if_none_match: bool,
+    if_match: str | None,
+) -> SegmentInfo:
+    """Publish an upload's bytes (in hand or staged) as the object; a staging segment goes on failure."""
+    try:
+        return objects.publish(
+            store, name, stored, data=data, staging=staging, if_none_match=if_none_match, if_match=if_match
+        )
+    except BaseException:
+        if staging is not None:
+            objects.discard(store, staging)
+        raise
 
 
 def _if_none_match_star() -> bool:
@@ -295,19 +316,27 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     md5 = hashlib.md5()
 
     def pieces() -> Iterator[bytes]:
+        """The source's bytes in pieces of at most one append, hashed as they pass."""
+        size = store.settings.max_append_bytes
+        buffer = bytearray()
         for piece in reading.stream(store, info, 0, info.length):
             md5.update(piece)
             if checksum is not None:
                 checksum.update(piece)
-            yield piece
+            buffer += piece
+            while len(buffer) >= size:
+                yield bytes(buffer[:size])
+                del buffer[:size]
+        if buffer or not info.length:
+            yield bytes(buffer)
 
-    staging = objects.stage(store, name, pieces())
+    data, staging = objects.small_or_staged(store, name, pieces(), lambda: None)
     stored_checksum = {}
     if checksum is not None and algorithm:
         header = checksums.HEADER_PREFIX + algorithm.lower()
         stored_checksum = {header: checksums.encode(checksum), "x-amz-checksum-type": "FULL_OBJECT"}
     stored = metadata.Stored(md5.hexdigest(), dict(meta), stored_checksum)
-    published = objects.publish(store, name, staging, stored, if_none_match=if_none_match, if_match=if_match)
+    published = _publish(store, name, stored, data, staging, if_none_match=if_none_match, if_match=if_match)
     return document(
         "CopyObjectResult",
         [
@@ -331,31 +360,47 @@ def _append_object(store: SegmentStore, verdict: sigv4.Verdict, name: str, offse
     body = Body(request, verdict.signing)
     data = body.read_all(store.settings.max_append_bytes)
     body.finish()
-    with objects.key_lock(name):
+    info = _append_at(store, name, data, offset)
+    return Response(
+        status=200, headers={"ETag": f'"{objects.derived_etag(info)}"', **body.checksum_headers()}
+    )
+
+
+def _append_at(store: SegmentStore, name: str, data: bytes, offset: int) -> SegmentInfo:
+    """Append ``data`` at exactly ``offset`` (a missing object is created by the append at 0).
+
+    The create and the append are one composite, so no other writer fits
+    between them; an object created meanwhile by another is judged again.
+    """
+    for _ in range(objects.RACED_TRIES_MAX):
         try:
             info = store.info(name)
         except SegmentNotFound:
             if offset != 0:
                 raise S3Error("NoSuchKey", "The specified key does not exist.") from None
-            info = store.create(name)
+            try:
+                *_, last = store.composite([CreateStep(name), *([AppendStep(name, data)] if data else [])])
+            except SegmentExists:
+                continue
+            created = last.info if isinstance(last, AppendResult) else last
+            assert isinstance(created, SegmentInfo)
+            return created
         if not data:
             if info.length != offset:
                 raise S3Error("InvalidWriteOffset", f"the object is {info.length} bytes long, not {offset}")
-        else:
-            try:
-                info = store.append(name, data, expected_offset=offset).info
-            except ConditionalCheckFailed as err:
-                length = err.segment.length if err.segment is not None else "another number of"
-                raise S3Error(
-                    "InvalidWriteOffset", f"the object is {length} bytes long, not {offset}"
-                ) from None
-            except SegmentSealed:
-                raise S3Error(
-                    "InvalidRequest", "the object is sealed (written by PutObject) and takes no appends"
-                ) from None
-    return Response(
-        status=200, headers={"ETag": f'"{objects.derived_etag(info)}"', **body.checksum_headers()}
-    )
+            return info
+        try:
+            return store.append(name, data, expected_offset=offset).info
+        except ConditionalCheckFailed as err:
+            length = err.segment.length if err.segment is not None else "another number of"
+            raise S3Error("InvalidWriteOffset", f"the object is {length} bytes long, not {offset}") from None
+        except SegmentSealed:
+            raise S3Error(
+                "InvalidRequest", "the object is sealed (written by PutObject) and takes no appends"
+            ) from None
+        except SegmentNotFound:
+            continue
+    raise S3Error("SlowDown", f"other writers of {name!r} kept coming first; please retry")
 
 
 def _part_number() -> int:
@@ -403,7 +448,7 @@ def _upload_part(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: 
 
 def _complete(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: str) -> Response:
     if_none_match = _if_none_match_star()
-    root = parse(_xml_body(verdict))
+    root = parse(_xml_body(verdict, checksum_headers=False))  # they are the object's checksum
     chosen = []
     for part in root.findall("Part"):
         number = (part.findtext("PartNumber") or "").strip()
@@ -423,6 +468,11 @@ def _complete(store: SegmentStore, verdict: sigv4.Verdict, bucket: str, key: str
         chosen,
         if_none_match=if_none_match,
         if_match=request.headers.get("If-Match"),
+        checksum={
+            name.lower(): value
+            for name, value in request.headers.items()
+            if name.lower().startswith(checksums.HEADER_PREFIX) and name.lower() != "x-amz-checksum-type"
+        },
     )
     fields = [(_checksum_field(h), v) for h, v in stored.checksum.items()]
     return document(

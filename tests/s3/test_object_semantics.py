@@ -373,3 +373,28 @@ def test_copy_onto_an_existing_key_with_if_none_match_is_refused(s3: Any, bucket
     assert _code(err) == ("PreconditionFailed", 412)
     s3.copy_object(Bucket=bucket, Key="new", CopySource=f"{bucket}/src", IfNoneMatch="*")
     assert s3.get_object(Bucket=bucket, Key="new")["Body"].read() == b"source"
+
+
+def test_a_complete_checksum_header_is_the_objects_composite_checksum(s3: Any, bucket: str) -> None:
+    upload_id, parts, data = _upload(s3, bucket, "sum", [PART, 10], ChecksumAlgorithm="CRC32")
+    composite = f"{_b64(_crc32(_crc32(data[:PART]) + _crc32(data[PART:])))}-2"
+    args = {"Bucket": bucket, "Key": "sum", "UploadId": upload_id, "MultipartUpload": {"Parts": parts}}
+    for wrong in (f"{_b64(_crc32(data))}-2", _b64(_crc32(b"other")), f"{composite[:-2]}-3"):
+        with pytest.raises(ClientError) as err:
+            s3.complete_multipart_upload(**args, ChecksumCRC32=wrong)
+        assert _code(err) == ("BadDigest", 400)
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="sum")  # refused: nothing published, the upload is intact
+    done = s3.complete_multipart_upload(**args, ChecksumCRC32=composite)
+    assert done["ChecksumCRC32"] == composite
+    assert s3.get_object(Bucket=bucket, Key="sum")["Body"].read() == data
+
+
+def test_a_complete_checksum_header_needs_an_upload_with_that_checksum(s3: Any, bucket: str) -> None:
+    upload_id, parts, _ = _upload(s3, bucket, "plain", [10])
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="plain", UploadId=upload_id, MultipartUpload={"Parts": parts},
+            ChecksumCRC32=_b64(_crc32(b"x")),
+        )  # fmt: skip
+    assert _code(err) == ("InvalidRequest", 400)
