@@ -19,7 +19,7 @@ from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.http import HTTP_STATUS_CODES
 
-from engine import InvalidArgument, SegmentInfo, SegstoreError, Throttled
+from engine import EventNumberMismatch, InvalidArgument, SegmentInfo, SegstoreError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,8 @@ def render_segstore_error(err: SegstoreError) -> Response:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(err, Throttled):
         headers["Retry-After"] = str(max(0, math.ceil(err.retry_after_s)))
+    if isinstance(err, EventNumberMismatch) and err.stored is not None:
+        headers["Writer-Event-Number"] = str(err.stored)
     if status >= 500 and code not in ("Throttled", "StoreLocked", "StorageFull", "OutcomeUnknown"):
         log.error("%s: %s", err.code, err.detail)
     return problem(code, err.detail, headers=headers)

@@ -51,6 +51,7 @@ class AppendStep:
     event_number: int | None = None
     event_count: int = 1
     attributes: Sequence[AttributeUpdate] = ()
+    previous_event_number: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ def check_append(
     writer_id: uuid.UUID | None,
     event_number: int | None,
     event_count: int,
+    previous_event_number: int | None = None,
 ) -> None:
     """An append's arguments, refused (InvalidArgument, PayloadTooLarge) before it is queued."""
     if data_length == 0:
@@ -121,6 +123,14 @@ def check_append(
         raise InvalidArgument(f"event count must be from 1 to 2^32-1, got {event_count}")
     if expected_offset is not None and not 0 <= expected_offset <= _INT64_MAX:
         raise InvalidArgument(f"expected offset must be an int64 >= 0, got {expected_offset}")
+    if previous_event_number is not None:
+        if event_number is None:
+            raise InvalidArgument("a previous event number needs a writer id and an event number")
+        if not 0 <= previous_event_number < event_number:
+            raise InvalidArgument(
+                f"the previous event number must be from 0 to the event number less one, "
+                f"got {previous_event_number} before {event_number}"
+            )
 
 
 def check_rollover(rollover_bytes: int | None) -> None:
@@ -144,6 +154,7 @@ def to_operation(step: Step, max_append_bytes: int, now: float) -> ops.SegmentOp
             check_append(
                 len(data), max_append_bytes, expected_offset=step.expected_offset,
                 writer_id=step.writer_id, event_number=step.event_number, event_count=step.event_count,
+                previous_event_number=step.previous_event_number,
             )  # fmt: skip
         return ops.Append(
             name=step.name,
@@ -153,6 +164,7 @@ def to_operation(step: Step, max_append_bytes: int, now: float) -> ops.SegmentOp
             writer_id=step.writer_id,
             event_number=step.event_number,
             event_count=step.event_count,
+            previous_event_number=step.previous_event_number,
             attribute_updates=tuple(check_request(step.attributes)),
         )
     if isinstance(step, SealStep):

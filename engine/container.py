@@ -266,10 +266,12 @@ class SegmentContainer(ContainerLifecycle):
         event_number: int | None,
         event_count: int,
         attributes: Sequence[AttributeUpdate] = (),
+        previous_event_number: int | None = None,
     ) -> AppendResult:
         composite.check_append(
             len(data), self.settings.max_append_bytes, expected_offset=expected_offset,
             writer_id=writer_id, event_number=event_number, event_count=event_count,
+            previous_event_number=previous_event_number,
         )  # fmt: skip
         self._check_ready()
         self._check_backlog(len(data))
@@ -280,6 +282,7 @@ class SegmentContainer(ContainerLifecycle):
             writer_id=writer_id,
             event_number=event_number,
             event_count=event_count,
+            previous_event_number=previous_event_number,
             attribute_updates=tuple(check_request(attributes)),
         )
         outcome = self._submit_with_attributes(op)

@@ -63,6 +63,17 @@ class ConditionalCheckFailed(SegstoreError):
     code = "ConditionalCheckFailed"
 
 
+class EventNumberMismatch(ConditionalCheckFailed):
+    """A conditional append (seed 001): the writer's last stored event number is not the one named.
+
+    ``stored`` is the number stored for the writer on the segment (None: none yet).
+    """
+
+    def __init__(self, detail: str, *, stored: int | None, segment: SegmentInfo | None = None) -> None:
+        super().__init__(detail, segment=segment)
+        self.stored = stored
+
+
 class PayloadTooLarge(SegstoreError):
     code = "PayloadTooLarge"
 

@@ -19,6 +19,7 @@ from engine.attributes import INT64_MAX, INT64_MIN, Preloaded, resolve
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
+    EventNumberMismatch,
     InvalidArgument,
     SegmentExists,
     SegmentNotFound,
@@ -231,6 +232,13 @@ class MetadataUpdater:
                 assert op.event_number is not None
                 if last is not None and op.event_number <= last:
                     return Outcome(False, duplicate_of=last)
+                if op.previous_event_number is not None and last != op.previous_event_number:
+                    raise EventNumberMismatch(
+                        f"writer {op.writer_id}'s last event number on {seg.name!r} is "
+                        f"{'none' if last is None else last}, not {op.previous_event_number}",
+                        stored=last,
+                        segment=seg.info(),
+                    )
             if op.attribute_updates:
                 op.attributes = resolve(op.attribute_updates, current, seg.info())
                 if op.writer_id is not None and str(op.writer_id) in op.attributes:

@@ -121,8 +121,9 @@ class ForkSegment(CreateSegment):
 class Append(SegmentOperation):
     """Append bytes; with a writer id, the event number is stored atomically with them.
 
-    ``expected_offset`` and ``attribute_updates`` are the request's conditions
-    and are not serialized: the log keeps the resolved ``attributes``.
+    ``expected_offset``, ``previous_event_number`` and ``attribute_updates``
+    are the request's conditions and are not serialized: the log keeps the
+    resolved ``attributes``.
     ``data`` is dropped (None) once the bytes are in the read index; ``length`` stays.
     In a composite, ``render`` may give the bytes instead: the processor calls
     it with the state of any segment as the composite's earlier parts left it
@@ -139,6 +140,7 @@ class Append(SegmentOperation):
     # Attribute values set atomically with the bytes (resolved from ``attribute_updates``).
     attributes: dict[str, int] = field(default_factory=dict)
     expected_offset: int | None = field(default=None, compare=False)
+    previous_event_number: int | None = field(default=None, compare=False)
     attribute_updates: tuple[AttributeUpdate, ...] = field(default=(), compare=False)
     preloaded: Preloaded | None = field(default=None, compare=False)
     render: Render | None = field(default=None, compare=False)

@@ -330,15 +330,20 @@ class SegmentStore:
         event_number: int | None = None,
         event_count: int = 1,
         attributes: Sequence[AttributeUpdate] = (),
+        previous_event_number: int | None = None,
     ) -> AppendResult:
         """Append ``data`` atomically; returns once it is durable in Tier 1.
 
         ``expected_offset``: append only if the length equals it (else
         ConditionalCheckFailed). ``writer_id`` + ``event_number``: append only
         if ``event_number`` is greater than the writer's stored one; otherwise
-        the result is a duplicate and nothing is stored. ``attributes`` are
-        updated atomically with the append: if one's condition fails, nothing
-        is appended (ConditionalCheckFailed naming the key).
+        the result is a duplicate and nothing is stored. With them,
+        ``previous_event_number`` (seed 001's conditional append): append only
+        if the writer's stored number is exactly that one, else
+        EventNumberMismatch naming it (a duplicate is still a duplicate), so
+        batches pipelined on several connections never land out of order.
+        ``attributes`` are updated atomically with the append: if one's
+        condition fails, nothing is appended (ConditionalCheckFailed naming the key).
         """
         return self._container(name).append(
             name,
@@ -348,6 +353,7 @@ class SegmentStore:
             event_number=event_number,
             event_count=event_count,
             attributes=attributes,
+            previous_event_number=previous_event_number,
         )
 
     def composite(self, steps: Sequence[Step]) -> list[StepResult]:
@@ -515,6 +521,7 @@ class SegmentStore:
         writer_id: uuid.UUID | None = None,
         event_number: int | None = None,
         event_count: int = 1,
+        previous_event_number: int | None = None,
     ) -> AppendResult:
         """Append to a transaction, with the conditions and deduplication of ``append``."""
         return self._container(parent).append(
@@ -524,6 +531,7 @@ class SegmentStore:
             writer_id=writer_id,
             event_number=event_number,
             event_count=event_count,
+            previous_event_number=previous_event_number,
         )
 
     def transaction_info(self, parent: str, txid: uuid.UUID) -> SegmentInfo:

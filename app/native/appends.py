@@ -65,14 +65,7 @@ class PlainAppend(WsgiShortcut[tuple[str, int]]):
         name, length = plain
         validate_segment_name(name)
         conditions = params.append_conditions(environ)
-        result = self.store.append(
-            name,
-            inputs.exact_body(environ, length),
-            expected_offset=conditions.expected_offset,
-            writer_id=conditions.writer_id,
-            event_number=conditions.event_number,
-            event_count=conditions.event_count,
-        )
+        result = self.store.append(name, inputs.exact_body(environ, length), **conditions.as_kwargs())
         headers, answer = append_answer(result)
         start_response(
             "200 OK",

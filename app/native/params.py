@@ -89,10 +89,22 @@ class AppendConditions:
     writer_id: uuid.UUID | None
     event_number: int | None
     event_count: int
+    previous_event_number: int | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``SegmentStore.append`` they stand for."""
+        return {
+            "expected_offset": self.expected_offset,
+            "writer_id": self.writer_id,
+            "event_number": self.event_number,
+            "event_count": self.event_count,
+            "previous_event_number": self.previous_event_number,
+        }
 
 
 def append_conditions(environ: Mapping[str, Any]) -> AppendConditions:
-    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``.
+    """``Expected-Offset``, ``Writer-Id`` + ``Event-Number`` (both or neither), ``Event-Count``,
+    ``Previous-Event-Number`` (with both, and below ``Event-Number``).
 
     Read from the WSGI environ: the append shortcut has no Flask request.
     """
@@ -105,11 +117,17 @@ def append_conditions(environ: Mapping[str, Any]) -> AppendConditions:
         )
         raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
     event_count = _environ_int_header(environ, "Event-Count", minimum=1)
+    previous = _environ_int_header(environ, "Previous-Event-Number")
+    if previous is not None and (event_number is None or previous >= event_number):
+        raise InvalidHeader(
+            "Previous-Event-Number needs Writer-Id and Event-Number, and must be less than Event-Number"
+        )
     return AppendConditions(
         expected_offset=_environ_int_header(environ, "Expected-Offset"),
         writer_id=writer_id,
         event_number=event_number,
         event_count=1 if event_count is None else event_count,
+        previous_event_number=previous,
     )
 
 

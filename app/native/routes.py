@@ -125,8 +125,8 @@ def create(name: str) -> Response:
 def _append_with(append_to: Callable[..., AppendResult]) -> Response:
     """Read an append's headers and body, hand them to ``append_to`` and render its answer.
 
-    ``append_to(data, expected_offset=, writer_id=, event_number=, event_count=)``
-    is ``SegmentStore.append`` or ``append_transaction`` with the segment bound.
+    ``append_to(data, **AppendConditions.as_kwargs())`` is ``SegmentStore.append``
+    or ``append_transaction`` with the segment bound.
     """
     conditions = params.append_conditions(request.environ)
     data = read_body(
@@ -134,13 +134,7 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
     )
     if not data:
         raise InvalidArgument("an append needs a body of at least one byte; this one is empty")
-    result = append_to(
-        data,
-        expected_offset=conditions.expected_offset,
-        writer_id=conditions.writer_id,
-        event_number=conditions.event_number,
-        event_count=conditions.event_count,
-    )
+    result = append_to(data, **conditions.as_kwargs())
     headers, body = appends.append_answer(result)
     # The hot path: a direct Response is measurably cheaper than jsonify().
     return Response(body, headers=headers, mimetype="application/json")

@@ -104,6 +104,9 @@ WRITER = "0f8fad5b-d9cb-469f-a165-70867728950e"
         ({"Expected-Offset": "abc"}, "Expected-Offset"),
         ({"Expected-Offset": "1e3"}, "Expected-Offset"),
         ([("Expected-Offset", "0"), ("Expected-Offset", "0")], "Expected-Offset"),
+        ({"Previous-Event-Number": "1"}, "Previous-Event-Number"),
+        ({"Writer-Id": WRITER, "Event-Number": "3", "Previous-Event-Number": "3"}, "Previous-Event-Number"),
+        ({"Writer-Id": WRITER, "Event-Number": "3", "Previous-Event-Number": "-1"}, "Previous-Event-Number"),
     ],
 )
 def test_bad_append_headers_are_400_and_append_nothing(
@@ -174,3 +177,28 @@ def test_a_chunked_append_within_the_limit_is_stored(client: FlaskClient, segmen
     response = _chunked_post(client, segment, io.BytesIO(b"chunked bytes"))
     assert response.get_json() == {"offset": 0, "length": 13}
     assert client.get(segment).data == b"chunked bytes"
+
+
+def test_a_conditional_append_lands_only_after_the_writers_previous_batch(
+    client: FlaskClient, segment: str
+) -> None:
+    """Batches pipelined out of order: the one that overtakes is refused (412), then lands in order."""
+
+    def send(number: int, previous: int | None, data: bytes) -> object:
+        headers = {"Writer-Id": WRITER, "Event-Number": str(number)}
+        if previous is not None:
+            headers["Previous-Event-Number"] = str(previous)
+        return client.post(segment, data=data, headers=headers)
+
+    early = send(4, 2, b"second")  # the batch of events 3-4 arrives before that of 1-2
+    assert_problem(early, 412, "ConditionalCheckFailed")
+    assert "Writer-Event-Number" not in early.headers  # nothing stored for the writer yet
+    assert send(2, None, b"first").get_json() == {"offset": 0, "length": 5}
+    wrong = send(6, 3, b"third")
+    assert_problem(wrong, 412, "ConditionalCheckFailed")
+    assert wrong.headers["Writer-Event-Number"] == "2"
+    assert send(4, 2, b"second").get_json() == {"offset": 5, "length": 11}
+    retried = send(4, 2, b"second")
+    assert retried.headers["Segment-Duplicate"] == "true"
+    assert retried.get_json() == {"duplicate": True, "event_number": 4, "length": 11}
+    assert client.get(segment).data == b"firstsecond"
