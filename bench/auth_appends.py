@@ -91,10 +91,15 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 runs[kind].append(_run(args, server, headers, f"bench/auth-{kind}-r{r}"))
     doc["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
     doc["runs"] = {kind: [asdict(run) for run in results] for kind, results in runs.items()}
-    doc["on_over_off"] = asdict(
-        Spread.of([a.requests_per_s / b.requests_per_s for a, b in zip(runs["on"], runs["off"], strict=True)])
-    )
+    pairs = list(zip(runs["on"], runs["off"], strict=True))
+    doc["on_over_off"] = asdict(Spread.of([a.requests_per_s / b.requests_per_s for a, b in pairs]))
+    # Appends per second of the server's CPU: what a load stealing CPU from the server changes least.
+    doc["per_cpu_on_over_off"] = asdict(Spread.of([_per_cpu(a) / _per_cpu(b) for a, b in pairs]))
     return doc
+
+
+def _per_cpu(run: LoadResult) -> float:
+    return run.requests_per_s / run.server_cpu
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -119,9 +124,17 @@ def render(doc: dict[str, Any]) -> str:
             f"{on['requests_per_s'] / off['requests_per_s']:>7.3f}  {ops:>20}  {cpu:>18}"
         )
     met = "met" if ratio["median"] >= TARGET_RATIO else "NOT met"
-    show = Spread(ratio["min"], ratio["median"], ratio["max"]).show("{:.3f}")
-    lines += ["", f"  on / off, paired (min / median / max): {show}  [target >= {TARGET_RATIO}: {met}]"]
+    lines += [
+        "",
+        "  on / off, paired (min / median / max):",
+        f"    appends/s:                 {_show(ratio)}  [target >= {TARGET_RATIO}: {met}]",
+        f"    appends per server CPU-s:  {_show(doc['per_cpu_on_over_off'])}",
+    ]
     return "\n".join(lines)
+
+
+def _show(spread: dict[str, float]) -> str:
+    return Spread(spread["min"], spread["median"], spread["max"]).show("{:.3f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
