@@ -30,7 +30,10 @@ a request touches (``add_touches``): the native surface a merge's source,
 Durable Streams a fork's source; this module imports no surface.
 ``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
 token. This module is the one place that decides 401 and 403; tokens are
-compared in constant time and never logged or echoed.
+compared in constant time and never logged or echoed. ``judge`` reads a
+native request from its WSGI environ alone, so Flask's ``before_request``
+and the WSGI shortcuts in front of Flask (``app/shortcut.py``) judge it with
+the same code.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Request, current_app, request
+from flask import Flask, current_app, request
+from werkzeug.wrappers import Request
+from werkzeug.wsgi import get_content_length, get_path_info
 
 from engine import PEER_PATH, InvalidArgument, SegstoreError, Settings
 
@@ -196,36 +201,35 @@ def require(principal: Principal, access: Access, name: str, what: str | None = 
         raise Forbidden(f"{principal.name} may not {access.name.lower()} {what or repr(name)}")
 
 
-def _bearer_principal(req: Request) -> Principal:
-    header = req.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
+def _bearer_principal(auth: AuthConfig, environ: dict[str, Any]) -> Principal:
+    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("this server needs Authorization: Bearer <token>")
-    principal = config().bearer(token.strip())
+    principal = auth.bearer(token.strip())
     if principal is None:
         raise Unauthorized("the bearer token is not known")
     return principal
 
 
-def peek_json_member(req: Request, key: str) -> Any:
+def peek_json_member(environ: dict[str, Any], key: str) -> Any:
     """Member ``key`` of a small JSON object body, read ahead of the view; the body is put back for it.
 
     None when the body is not such an object.
     """
-    stream = req.environ["wsgi.input"]
-    length = req.content_length
+    stream = environ["wsgi.input"]
+    length = get_content_length(environ)
     data = stream.read(_PEEK_BODY_MAX_BYTES + 1 if length is None else min(length, _PEEK_BODY_MAX_BYTES + 1))
-    req.environ["wsgi.input"] = io.BytesIO(data)
-    req.environ["CONTENT_LENGTH"] = str(len(data))
-    req.environ.pop("HTTP_TRANSFER_ENCODING", None)
+    environ["wsgi.input"] = io.BytesIO(data)
+    environ["CONTENT_LENGTH"] = str(len(data))
+    environ.pop("HTTP_TRANSFER_ENCODING", None)
     try:
         return json.loads(data).get(key)
     except (ValueError, AttributeError):
         return None
 
 
-# (request, name, custom method) -> the (access, other name, what it is) the request also needs.
-Touches = Callable[[Request, str, str], Iterable[tuple[Access, str, str]]]
+# (WSGI environ, method, name, custom method) -> the (access, other name, what it is) it also needs.
+Touches = Callable[[dict[str, Any], str, str, str], Iterable[tuple[Access, str, str]]]
 
 
 def add_touches(app: Flask, route: str, touches: Touches) -> None:
@@ -233,19 +237,25 @@ def add_touches(app: Flask, route: str, touches: Touches) -> None:
     app.extensions.setdefault(_TOUCHES_KEY, {})[route] = touches
 
 
-def _native_check() -> None:
-    """before_request: 401/403 for native routes when auth is on (S3 routes check their own)."""
-    path = request.path
-    auth = config()
-    if not auth.native_enabled or path in _OPEN_PATHS or request.method == "OPTIONS":
+def judge(app: Flask, environ: dict[str, Any]) -> None:
+    """Raise Unauthorized (401) or Forbidden (403) unless ``app`` may serve this native request.
+
+    Method, path and query are read as Flask's ``request`` reads them.
+    """
+    auth: AuthConfig = app.extensions["segstore.auth"]
+    if not auth.native_enabled:
+        return
+    method = environ.get("REQUEST_METHOD", "GET").upper()
+    path = "/" + get_path_info(environ).lstrip("/")
+    if path in _OPEN_PATHS or method == "OPTIONS":
         return
     if path != "/metrics" and not path.startswith("/v1/"):
         return  # the S3 surface (the bucket "v1" is reserved)
     if path.startswith(PEER_PATH):
         return  # node-to-node calls: app/peer.py checks the cluster's secret instead
-    principal = _bearer_principal(request)
+    principal = _bearer_principal(auth, environ)
     if path == "/v1/segments":
-        prefix = request.args.get("prefix", "")
+        prefix = Request(environ, populate_request=False, shallow=True).args.get("prefix", "")
         require(principal, Access.READ, prefix, f"list names starting with {prefix!r}")
         return
     for route in _NAMED_ROUTES:
@@ -254,12 +264,16 @@ def _native_check() -> None:
             break
     else:
         return  # /metrics and unrouted paths: any valid token
-    access = Access.READ if request.method in ("GET", "HEAD") else Access.WRITE
-    require(principal, access, name)
-    touches = current_app.extensions.get(_TOUCHES_KEY, {}).get(route)
+    require(principal, Access.READ if method in ("GET", "HEAD") else Access.WRITE, name)
+    touches = app.extensions.get(_TOUCHES_KEY, {}).get(route)
     if touches is not None:
-        for needed, other, what in touches(request, name, custom):
+        for needed, other, what in touches(environ, method, name, custom):
             require(principal, needed, other, what)
+
+
+def _native_check() -> None:
+    """before_request: the native request Flask is about to dispatch, judged."""
+    judge(current_app, request.environ)
 
 
 def install(app: Flask, settings: Settings) -> None:

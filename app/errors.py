@@ -171,8 +171,12 @@ def register_error_handlers(app: Flask) -> None:
 
 
 def rendered_in_flask(app: Flask, environ: dict[str, Any], start_response: Any, err: SegstoreError) -> Any:
-    """Answer ``err`` of a request a WSGI shortcut served, as Flask's handlers would have."""
+    """Answer ``err`` of a request a WSGI shortcut served, as Flask's handlers would have.
+
+    The answer starts inside the request context, as in Flask, so the request
+    metrics see the route Flask matched (a refusal before any view names one).
+    """
     with app.request_context(environ):
         response = app.make_response(app.handle_user_exception(err))
         response = app.process_response(response)
-    return response(environ, start_response)
+        return response(environ, start_response)

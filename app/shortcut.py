@@ -3,11 +3,13 @@
 An append, or a long-poll at the tail, costs less than Flask's request,
 context, routing and response objects around it. A shortcut recognises the
 plain form of such a request in the WSGI environ and serves it there; any
-other form (and every request while native auth is on, which Flask checks)
-goes to Flask untouched. Its errors are rendered by Flask's handlers, so
-they read exactly as the view's would. No Flask hook runs for a request a
-shortcut serves: a ``before_request`` that matters to it must be added to
-the shortcut too.
+other form goes to Flask untouched. Its errors are rendered by Flask's
+handlers, so they read exactly as the view's would. No Flask hook runs for a
+request a shortcut serves, so the shortcut does what the ``before_request``
+hooks would: a plain form has a UTF-8 path (``plain`` says so), and
+``auth.judge`` (with native auth on) answers 401 or 403 exactly as before a
+view, a refusal being counted under the route Flask matches, as the view's.
+A hook added later that matters to these requests must be added here too.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from flask import Flask
 
-from app import ops
-from app.auth import AuthConfig
+from app import auth, ops
 from app.errors import rendered_in_flask
 from engine import SegstoreError
 
@@ -33,7 +34,6 @@ class WsgiShortcut(Generic[P]):
     def __init__(self, app: Flask, wsgi_app: Any) -> None:
         self.app = app
         self.wsgi_app = wsgi_app
-        self.auth: AuthConfig = app.extensions["segstore.auth"]
 
     def plain(self, environ: dict[str, Any]) -> P | None:
         """What the shortcut needs of a plain request (name, length, parameters), else None."""
@@ -44,11 +44,12 @@ class WsgiShortcut(Generic[P]):
         raise NotImplementedError
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        plain = None if self.auth.native_enabled else self.plain(environ)
+        plain = self.plain(environ)
         if plain is None:
             return self.wsgi_app(environ, start_response)
-        environ[ops.ROUTE_KEY] = self.route
         try:
+            auth.judge(self.app, environ)
+            environ[ops.ROUTE_KEY] = self.route
             return self.serve(environ, start_response, plain)
         except SegstoreError as err:
             return rendered_in_flask(self.app, environ, start_response, err)

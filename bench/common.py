@@ -44,9 +44,9 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def metric_total(server: ServerProcess, name: str) -> float:
-    """The sum of a Prometheus sample over all its labels."""
-    text = requests.get(server.url + "/metrics", timeout=10).text
+def metric_total(server: ServerProcess, name: str, headers: dict[str, str] | None = None) -> float:
+    """The sum of a Prometheus sample over all its labels (``headers``: a token, with auth on)."""
+    text = requests.get(server.url + "/metrics", headers=headers, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -54,13 +54,13 @@ def metric_total(server: ServerProcess, name: str) -> float:
     )
 
 
-def tier1_metric(server: ServerProcess) -> dict[str, float]:
+def tier1_metric(server: ServerProcess, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Sum and count of the operations-per-Tier-1-write histogram."""
-    return {kind: metric_total(server, f"{TIER1_OPS_METRIC}_{kind}") for kind in ("sum", "count")}
+    return {kind: metric_total(server, f"{TIER1_OPS_METRIC}_{kind}", headers) for kind in ("sum", "count")}
 
 
-def create_segment(server: ServerProcess, name: str) -> None:
-    response = requests.put(f"{server.url}/v1/segments/{name}", timeout=10)
+def create_segment(server: ServerProcess, name: str, headers: dict[str, str] | None = None) -> None:
+    response = requests.put(f"{server.url}/v1/segments/{name}", headers=headers, timeout=10)
     if response.status_code != 201:
         raise RuntimeError(f"create {name}: {response.status_code} {response.text}")
 

@@ -20,10 +20,12 @@ from bench.servers import ServerProcess
 
 HOST = "127.0.0.1"
 MiB = 1024 * 1024
+Headers = tuple[tuple[str, str], ...]  # extra request headers (an Authorization), in order
 
 
-def request_bytes(method: str, target: str, body: bytes = b"") -> bytes:
+def request_bytes(method: str, target: str, body: bytes = b"", headers: Headers = ()) -> bytes:
     head = f"{method} {target} HTTP/1.1\r\nHost: {HOST}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers)
     if method in ("POST", "PUT"):
         head += f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
     return head.encode("ascii") + b"\r\n" + body
@@ -86,6 +88,7 @@ class LoadSpec:
     """Connections appending ``body_bytes`` to ``segment`` in a closed loop.
 
     With ``spread``, connection ``i`` appends to ``spread[i % len(spread)]`` instead.
+    Every request carries ``headers``.
     """
 
     port: int
@@ -95,6 +98,7 @@ class LoadSpec:
     warmup_s: float
     duration_s: float
     spread: tuple[str, ...] = ()
+    headers: Headers = ()
 
 
 @dataclass
@@ -147,7 +151,10 @@ async def _drive(spec: LoadSpec, connections: int, barrier: Any) -> LoadTally:
     cpu_at_start: list[float] = []
     loop.call_at(start, lambda: cpu_at_start.append(time.process_time()))
     body = b"x" * spec.body_bytes
-    targets = [request_bytes("POST", f"/v1/segments/{name}", body) for name in spec.spread or (spec.segment,)]
+    targets = [
+        request_bytes("POST", f"/v1/segments/{name}", body, spec.headers)
+        for name in spec.spread or (spec.segment,)
+    ]
     await asyncio.gather(
         *(_closed_loop(c, targets[i % len(targets)], start, stop, tally) for i, c in enumerate(conns))
     )

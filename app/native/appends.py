@@ -41,7 +41,8 @@ class PlainAppend(WsgiShortcut[tuple[str, int]]):
     """WSGI shortcut for ``POST /v1/segments/{name}`` with a Content-Length body and no query.
 
     Anything else (custom methods such as ``:seal``, a query string, chunked
-    bodies, native auth, paths that are not UTF-8) goes to Flask untouched.
+    bodies, paths that are not UTF-8) goes to Flask untouched; a bearer token
+    is judged here, as before the view.
     """
 
     route = ROUTE

@@ -51,7 +51,8 @@ class PlainRead(WsgiShortcut[tuple[str, dict[str, str]]]):
 
     Anything else (a custom method such as ``:info``, another parameter, a
     repeated or percent-encoded one, ``Range``, ``If-None-Match``, an SSE
-    request, native auth, a path that is not UTF-8) goes to Flask untouched.
+    request, a path that is not UTF-8) goes to Flask untouched; a bearer
+    token is judged here, as before the view.
     """
 
     route = ROUTE

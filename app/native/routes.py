@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 from werkzeug.exceptions import NotFound
 from werkzeug.routing import BaseConverter, Rule
@@ -76,10 +76,12 @@ def init_app(app: Flask) -> None:
     app.wsgi_app = reads.PlainRead(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
-def _merge_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
+def _merge_touches(
+    environ: dict[str, Any], method: str, name: str, custom: str
+) -> Iterable[tuple[auth.Access, str, str]]:
     """A merge deletes its source: it needs write access to it as well."""
-    if custom == "merge" and req.method == "POST":
-        source = auth.peek_json_member(req, "source")
+    if custom == "merge" and method == "POST":
+        source = auth.peek_json_member(environ, "source")
         if isinstance(source, str):
             yield auth.Access.WRITE, source, f"merge away {source!r}"
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import quote
 
-from flask import Blueprint, Flask, Request, Response, current_app, request
+from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.routing import BaseConverter
 
 from app import auth, inputs
@@ -358,9 +359,11 @@ def append(name: str) -> Response:
     )
 
 
-def _fork_touches(req: Request, name: str, custom: str) -> Iterable[tuple[auth.Access, str, str]]:
+def _fork_touches(
+    environ: dict[str, Any], method: str, name: str, custom: str
+) -> Iterable[tuple[auth.Access, str, str]]:
     """A fork needs read access to its source as well."""
-    forked_from = req.headers.get("Stream-Forked-From")
-    if req.method == "PUT" and forked_from is not None:
+    forked_from = environ.get("HTTP_STREAM_FORKED_FROM")
+    if method == "PUT" and forked_from is not None:
         source = fork_source(forked_from)
         yield auth.Access.READ, source, f"fork {source!r}"

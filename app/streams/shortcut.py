@@ -37,8 +37,9 @@ class PlainAppend(WsgiShortcut[tuple[str, int]]):
     response: on the append path those cost more than the append itself
     (measured: 1.6k req/s under Flask, 4.7k for plain WSGI).
     Anything else (producers, ``Stream-Seq``, closing, chunked bodies,
-    native auth, paths Flask would redirect) goes to Flask untouched, and an
-    error of the append is rendered by the blueprint's own handler.
+    paths Flask would redirect) goes to Flask untouched; a bearer token is
+    judged here, as before the view, and an error of the append (a 401 or
+    403 too) is rendered by the blueprint's own handler.
     """
 
     route = _ROUTE

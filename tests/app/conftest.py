@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,24 +43,6 @@ def app(settings: Settings) -> Iterator[Flask]:
     try:
         store.wait_ready(30)
         yield flask_app
-    finally:
-        store.close()
-
-
-WRITER_TOKEN = "writer-token-0123456789abcdef"
-
-
-@pytest.fixture
-def auth_client(settings: Settings, tmp_path: Path) -> Iterator[FlaskClient]:
-    """A client of an app with native auth on and one token, ``WRITER_TOKEN``, that may write anything."""
-    auth_file = tmp_path / "auth.toml"
-    grants = 'grants = [{prefix = "", access = "write"}]'
-    auth_file.write_text(f'[[token]]\nname = "w"\ntoken = "{WRITER_TOKEN}"\n{grants}\n')
-    flask_app = create_app(replace(settings, auth_file=str(auth_file)))
-    store: SegmentStore = flask_app.extensions["segstore"]
-    try:
-        store.wait_ready(30)
-        yield flask_app.test_client()
     finally:
         store.close()
 

@@ -14,8 +14,6 @@ from flask.testing import FlaskClient
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from tests.app.conftest import WRITER_TOKEN
-
 URL = "/v1/segments/"
 
 
@@ -118,10 +116,3 @@ def test_shortcut_appends_are_counted_in_the_request_metrics(client: FlaskClient
     line = 'segstore_http_request_duration_seconds_count{method="POST",route="/v1/segments/{name}"}'
     counts = [row for row in client.get("/metrics").text.splitlines() if row.startswith(line)]
     assert counts == [f"{line} 3.0"]
-
-
-def test_with_native_auth_on_appends_go_through_flasks_checks(auth_client: FlaskClient) -> None:
-    granted = {"Authorization": f"Bearer {WRITER_TOKEN}"}
-    assert auth_client.put(URL + "s", headers=granted).status_code == 201
-    assert auth_client.post(URL + "s", data=b"x").status_code == 401
-    assert auth_client.post(URL + "s", data=b"x", headers=granted).status_code == 200

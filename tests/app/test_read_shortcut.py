@@ -10,7 +10,6 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.app.conftest import WRITER_TOKEN
 from tests.app.test_append_shortcut import flask_requests
 
 URL = "/v1/segments/"
@@ -102,10 +101,3 @@ def test_shortcut_reads_are_counted_in_the_request_metrics(client: FlaskClient) 
     line = 'segstore_http_request_duration_seconds_count{method="GET",route="/v1/segments/{name}"}'
     counts = [row for row in client.get("/metrics").text.splitlines() if row.startswith(line)]
     assert counts == [f"{line} 3.0"]
-
-
-def test_with_native_auth_on_reads_go_through_flasks_checks(auth_client: FlaskClient) -> None:
-    granted = {"Authorization": f"Bearer {WRITER_TOKEN}"}
-    assert auth_client.put(URL + "s", headers=granted).status_code == 201
-    assert auth_client.get(URL + "s").status_code == 401
-    assert auth_client.get(URL + "s", headers=granted).status_code == 204

@@ -7,15 +7,11 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, request, request_started
 from flask.testing import FlaskClient
 
-from engine import Settings
-from tests.streams.conftest import close_app, open_app
 from tests.streams.test_protocol import URL, post, put
 
 
@@ -113,23 +109,6 @@ def test_shortcut_appends_are_counted_in_the_request_metrics(client: FlaskClient
     line = 'segstore_http_request_duration_seconds_count{method="POST",route="/v1/stream/<stream_path:name>"}'
     counts = [row for row in client.get("/metrics").text.splitlines() if row.startswith(line)]
     assert counts == [f"{line} 3.0"]
-
-
-def test_with_native_auth_on_appends_go_through_flasks_checks(settings: Settings, tmp_path: Path) -> None:
-    token = "writer-token-0123456789abcdef"
-    auth_file = tmp_path / "auth.toml"
-    grants = 'grants = [{prefix = "", access = "write"}]'
-    auth_file.write_text(f'[[token]]\nname = "w"\ntoken = "{token}"\n{grants}\n')
-    app = open_app(replace(settings, auth_file=str(auth_file)))
-    try:
-        client = app.test_client()
-        granted = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
-        assert client.put(URL + "s", headers=granted).status_code == 201
-        assert client.post(URL + "s", data=b"x", headers={"Content-Type": "text/plain"}).status_code == 401
-        assert client.post(URL + "s", data=b"x", headers=granted).status_code == 204
-        assert client.get(URL + "s?offset=-1", headers=granted).data == b"x"
-    finally:
-        close_app(app)
 
 
 def test_concurrent_appends_each_answer_where_their_own_message_ends(client: FlaskClient) -> None:
