@@ -4,7 +4,8 @@ OpenAPI describes each parameter on its own. A few rules of segstore tie
 parameters together, and a request that breaks one is a 400, as the
 operations' descriptions and docs/api.md say:
 
-- an append's ``Writer-Id`` and ``Event-Number`` come together;
+- an append's ``Writer-Id`` and ``Event-Number`` come together, and
+  ``Previous-Event-Number`` only with them, below ``Event-Number``;
 - a segment read takes either ``Range`` or ``offset``/``length``;
 - a stream read with ``live`` needs ``offset``;
 - a stream append's ``Producer-Id``, ``Producer-Epoch`` and ``Producer-Seq``
@@ -62,7 +63,17 @@ def _together(mapping: Mapping[str, Any] | None, *names: str) -> bool:
 
 
 def _append(case: Any) -> bool:
-    return _together(case.headers, "Writer-Id", "Event-Number")
+    if not _together(case.headers, "Writer-Id", "Event-Number"):
+        return False
+    if not _given(case.headers, "Previous-Event-Number"):
+        return True
+    if not _given(case.headers, "Event-Number"):
+        return False
+    headers = {key.lower(): value for key, value in case.headers.items()}
+    try:
+        return int(headers["previous-event-number"]) < int(headers["event-number"])
+    except (TypeError, ValueError):
+        return True  # a malformed number: a 400 the tool expects
 
 
 def _read_segment(case: Any) -> bool:
