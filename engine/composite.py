@@ -14,12 +14,15 @@ ask for, validated here as the single-operation calls validate them.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine import operations as ops
-from engine.attributes import AttributeUpdate, check_request
+from engine.attributes import AttributeUpdate, AttributeUpdateType, check_request
 from engine.errors import InvalidArgument, PayloadTooLarge
 from engine.types import AppendResult, MergeResult, SegmentInfo
 
@@ -197,3 +200,88 @@ def result_of(op: ops.SegmentOperation, outcome_duplicate_of: int | None) -> Ste
     if isinstance(op, ops.UpdateAttributes):
         return {uuid.UUID(key): value for key, value in op.attributes.items()}
     return state
+
+
+# ------------------------------------------------------------ over the wire
+_KINDS: dict[str, type[Step]] = {
+    "create": CreateStep,
+    "append": AppendStep,
+    "seal": SealStep,
+    "truncate": TruncateStep,
+    "delete": DeleteStep,
+    "merge": MergeStep,
+    "update_attributes": UpdateAttributesStep,
+}
+_KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
+
+
+def steps_to_json(steps: Sequence[Step]) -> list[dict[str, Any]]:
+    """Steps as JSON, for a composite a cluster node sends to the node serving its container.
+
+    A rendered append is not sent: it runs only where its container is.
+    """
+    docs = []
+    for step in steps:
+        doc: dict[str, Any] = {"step": _KIND_OF[type(step)]}
+        for field in dataclasses.fields(step):
+            value = getattr(step, field.name)
+            if field.name == "data":
+                if not isinstance(value, bytes):
+                    raise InvalidArgument("a rendered append runs only on the node serving its container")
+                value = base64.b64encode(value).decode("ascii")
+            elif field.name == "writer_id" and value is not None:
+                value = str(value)
+            elif field.name in ("attributes", "updates"):
+                value = [[str(u.key), u.type.value, u.value, u.expected] for u in value]
+            doc[field.name] = value
+        docs.append(doc)
+    return docs
+
+
+def steps_from_json(docs: list[dict[str, Any]]) -> list[Step]:
+    steps: list[Step] = []
+    for raw in docs:
+        doc = dict(raw)
+        cls = _KINDS[doc.pop("step")]
+        if "data" in doc:
+            doc["data"] = base64.b64decode(doc["data"])
+        if doc.get("writer_id") is not None:
+            doc["writer_id"] = uuid.UUID(doc["writer_id"])
+        for name in ("attributes", "updates"):
+            if name in doc:
+                doc[name] = tuple(
+                    AttributeUpdate(uuid.UUID(k), AttributeUpdateType(t), v, e) for k, t, v, e in doc[name]
+                )
+        steps.append(cls(**doc))
+    return steps
+
+
+def results_to_json(results: Sequence[StepResult]) -> list[Any]:
+    docs: list[Any] = []
+    for result in results:
+        if isinstance(result, SegmentInfo):
+            docs.append({"info": dataclasses.asdict(result)})
+        elif isinstance(result, AppendResult | MergeResult):
+            doc = dataclasses.asdict(result)
+            docs.append({"append" if isinstance(result, AppendResult) else "merge": doc})
+        elif isinstance(result, dict):
+            docs.append({"attributes": {str(k): v for k, v in result.items()}})
+        else:
+            docs.append(None)
+    return docs
+
+
+def results_from_json(docs: list[Any]) -> list[StepResult]:
+    results: list[StepResult] = []
+    for doc in docs:
+        if doc is None:
+            results.append(None)
+        elif "info" in doc:
+            results.append(SegmentInfo(**doc["info"]))
+        elif "append" in doc:
+            results.append(AppendResult(**{**doc["append"], "info": SegmentInfo(**doc["append"]["info"])}))
+        elif "merge" in doc:
+            results.append(MergeResult(**{**doc["merge"], "info": SegmentInfo(**doc["merge"]["info"])}))
+        else:
+            results.append({uuid.UUID(k): v for k, v in doc["attributes"].items()})
+    return results

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Protocol
 
+from engine.composite import Step, StepResult
 from engine.errors import (
     InvalidArgument,
     SegmentNotFound,
@@ -31,13 +32,17 @@ if TYPE_CHECKING:
 
 
 class Source(Protocol):
-    """Where a copied source lives: a container of this node or of another one."""
+    """Segments another call reaches wherever they live: a container of this node or of another one."""
 
     def info(self, name: str) -> SegmentInfo: ...
 
     def read(self, name: str, offset: int | None, max_length: int | None, *, wait_s: float) -> ReadResult: ...
 
     def delete(self, name: str) -> None: ...
+
+    def composite(self, steps: list[Step]) -> list[StepResult]: ...
+
+    def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None: ...
 
 
 def merge(

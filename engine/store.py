@@ -356,7 +356,7 @@ class SegmentStore:
             previous_event_number=previous_event_number,
         )
 
-    def composite(self, steps: Sequence[Step]) -> list[StepResult]:
+    def composite(self, steps: Sequence[Step], *, anywhere: bool = False) -> list[StepResult]:
         """Apply ``steps`` (segments of one container) as one composite operation.
 
         Judged together (every step's conditions hold, or nothing is applied
@@ -364,6 +364,8 @@ class SegmentStore:
         log entry, applied together (a reader sees all of it or none of it)
         and answered once: each step with the state its own change left
         (engine/composite.py). A crash leaves all of it or none of it.
+        ``anywhere``: on a cluster node, a container another node serves
+        takes the composite through that node (one call; no rendered appends).
         """
         if not steps:
             raise InvalidArgument("a composite operation needs at least one step")
@@ -372,7 +374,9 @@ class SegmentStore:
             validate_name(parent_of(name))
         if len({container_for(n, self._count()) for n in names}) > 1:
             raise InvalidArgument("a composite operation's segments must live in one container")
-        return self._container(parent_of(names_of(steps[0])[0])).composite(steps)
+        subject = parent_of(names_of(steps[0])[0])
+        container = self._source(subject) if anywhere else self._container(subject)
+        return container.composite(list(steps))
 
     def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> dict[uuid.UUID, int]:
         """Apply attribute updates atomically: all of them, or none (ConditionalCheckFailed).
@@ -429,9 +433,15 @@ class SegmentStore:
         """Delete the segment; its Tier 2 data is removed in the background."""
         self._container(name).delete(name)
 
-    def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
-        """The last event number stored for ``writer_id`` on the segment, or None."""
-        return self._container(name).writer_event_number(name, writer_id)
+    def writer_event_number(
+        self, name: str, writer_id: uuid.UUID, *, anywhere: bool = False
+    ) -> int | None:
+        """The last event number stored for ``writer_id`` on the segment, or None.
+
+        ``anywhere`` as for ``read``.
+        """
+        where = self._source(name) if anywhere else self._container(name)
+        return where.writer_event_number(name, writer_id)
 
     def partitions(self, name: str, target_bytes: int) -> list[tuple[int, int]]:
         """Ranges ``[start, end)`` covering the readable bytes, each starting on an append boundary.

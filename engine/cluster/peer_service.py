@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.cluster.peers import bytes_to_json, error_to_json, info_to_json
+from engine.composite import results_to_json, steps_from_json
 from engine.errors import InvalidArgument, InvalidName, SegstoreError, Throttled
 
 if TYPE_CHECKING:
@@ -95,10 +97,20 @@ def _delete(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _composite(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"results": results_to_json(store.composite(steps_from_json(doc["steps"])))}
+
+
+def _writer_event_number(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"event_number": store.writer_event_number(str(doc["name"]), uuid.UUID(doc["writer_id"]))}
+
+
 _OPS: dict[str, Callable[[SegmentStore, dict[str, Any]], dict[str, Any]]] = {
     "list": _list,
     "heads": _heads,
     "info": _info,
     "read": _read,
     "delete": _delete,
+    "composite": _composite,
+    "writer_event_number": _writer_event_number,
 }

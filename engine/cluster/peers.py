@@ -14,18 +14,23 @@ The calls (docs/cluster.md "Whole-cluster operations"):
 - ``heads``: the first bytes (from the start offset) of many small segments
   at once, e.g. the S3 object records a listing page shows the ETags of;
 - ``info``, ``read``, ``delete``: one segment, for a merge or a copy whose
-  source lives on that node (``PeerSegments``).
+  source lives on that node (``PeerSegments``);
+- ``composite``, ``writer_event_number``: a composite operation on segments
+  of a container that node serves, and a writer's event number on one,
+  for a surface that spans containers (the stream layer).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from engine import errors
-from engine.errors import ContainerNotReady, SegstoreError, Throttled
+from engine.composite import Step, StepResult, results_from_json, steps_to_json
+from engine.errors import ContainerNotReady, EventNumberMismatch, SegstoreError, Throttled
 from engine.types import ReadResult, SegmentInfo
 
 PEER_PATH = "/v1/peer/"
@@ -62,6 +67,10 @@ def error_to_json(exc: SegstoreError) -> dict[str, Any]:
         doc["retry_after_s"] = exc.retry_after_s
     if exc.segment is not None:
         doc["segment"] = info_to_json(exc.segment)
+    if exc.step is not None:
+        doc["step"] = exc.step
+    if isinstance(exc, EventNumberMismatch):
+        doc["stored"] = exc.stored
     return doc
 
 
@@ -70,9 +79,15 @@ def error_from_json(doc: dict[str, Any]) -> SegstoreError:
     cls = _ERRORS.get(str(doc.get("error")), SegstoreError)
     detail = str(doc.get("detail", "a peer node failed"))
     segment = info_from_json(doc["segment"]) if isinstance(doc.get("segment"), dict) else None
+    error: SegstoreError
     if issubclass(cls, Throttled):
-        return cls(detail, retry_after_s=float(doc.get("retry_after_s", 1.0)), segment=segment)
-    return cls(detail, segment=segment)
+        error = cls(detail, retry_after_s=float(doc.get("retry_after_s", 1.0)), segment=segment)
+    elif issubclass(cls, EventNumberMismatch):
+        error = cls(detail, stored=doc.get("stored"), segment=segment)
+    else:
+        error = cls(detail, segment=segment)
+    error.step = doc.get("step")
+    return error
 
 
 class Transport(Protocol):
@@ -164,3 +179,12 @@ class PeerSegments:
 
     def delete(self, name: str) -> None:
         self.client.call(self.node, self.url, "delete", {"name": name})
+
+    def composite(self, steps: list[Step]) -> list[StepResult]:
+        answer = self.client.call(self.node, self.url, "composite", {"steps": steps_to_json(steps)})
+        return results_from_json(answer["results"])
+
+    def writer_event_number(self, name: str, writer_id: uuid.UUID) -> int | None:
+        doc = {"name": name, "writer_id": str(writer_id)}
+        number = self.client.call(self.node, self.url, "writer_event_number", doc)["event_number"]
+        return None if number is None else int(number)

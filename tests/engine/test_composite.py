@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from engine import (
     UpdateAttributesStep,
 )
 from engine import operations as ops
+from engine.composite import results_from_json, results_to_json, steps_from_json, steps_to_json
 from engine.durable_log import frames
 from engine.durable_log.memory_data_log import MemoryDataLog
 from engine.naming import container_for
@@ -276,3 +278,24 @@ def test_a_crash_anywhere_in_a_composite_leaves_all_of_it_or_none_of_it(node: No
             outcomes.add("all")
         node.store.close()
     assert outcomes == {"none", "all"}
+
+
+def test_steps_and_their_answers_cross_the_wire_unchanged(store: SegmentStore) -> None:
+    """What a cluster node sends for a composite served elsewhere, and what comes back."""
+    updates = (AttributeUpdate(KEY, AttributeUpdateType.REPLACE_IF_EQUALS, 3, None),)
+    steps = [
+        CreateStep("w", rollover_bytes=4096),
+        AppendStep(
+            "w", b"\x00\xffbytes", expected_offset=0, writer_id=W, event_number=4, event_count=2,
+            attributes=updates,
+        ),
+        UpdateAttributesStep("w", (_set(KEY, 8),)),
+        TruncateStep("w", 1),
+        SealStep("w"),
+        MergeStep("w2", "w"),
+        DeleteStep("w2", segment_id=9),
+    ]
+    assert steps_from_json(json.loads(json.dumps(steps_to_json(steps)))) == steps
+    store.create("w2")
+    results = store.composite([step for step in steps[:-1] if not isinstance(step, TruncateStep)])
+    assert results_from_json(json.loads(json.dumps(results_to_json([*results, None])))) == [*results, None]

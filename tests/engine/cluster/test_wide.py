@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,22 @@ from typing import Any
 import pytest
 
 from engine import (
+    AppendResult,
+    AppendStep,
+    AttributeUpdate,
+    AttributeUpdateType,
     ContainerNotReady,
+    CreateStep,
+    DeleteStep,
+    EventNumberMismatch,
+    InvalidArgument,
     PeerService,
+    SealStep,
+    SegmentInfo,
     SegmentNotFound,
     SegmentNotSealed,
     SegmentStore,
+    UpdateAttributesStep,
     load_settings,
 )
 from engine.naming import container_for, s3_state_name
@@ -212,3 +224,37 @@ def test_a_merge_and_a_copy_across_nodes(pair: tuple[SegmentStore, SegmentStore,
     assert b.read(copy, 0, 200).data == (b"head;" + payload)[:105]
     assert a.info(target, anywhere=True) == a.info(target)
     assert b.read(target, 5, 3, anywhere=True).data == payload[:3]
+
+
+def test_a_composite_and_a_writer_lookup_reach_the_node_serving_their_container(
+    pair: tuple[SegmentStore, SegmentStore, LocalTransport],
+) -> None:
+    a, b, transport = pair
+    name = next(n for n in (f"far-{i}" for i in range(100)) if _owner(a, b, n) is b)
+    writer = uuid.UUID(int=5)
+    key = uuid.UUID(int=6)
+    set_key = AttributeUpdate(key, AttributeUpdateType.REPLACE, -7)
+    with pytest.raises(ContainerNotReady):
+        a.composite([CreateStep(name)])  # only where it is served, unless asked anywhere
+    created, appended, attributes = a.composite(
+        [CreateStep(name), AppendStep(name, b"far", writer_id=writer, event_number=3),
+         UpdateAttributesStep(name, [set_key])],
+        anywhere=True,
+    )  # fmt: skip
+    assert isinstance(created, SegmentInfo) and created.length == 0
+    assert isinstance(appended, AppendResult) and (appended.offset, appended.info.length) == (0, 3)
+    assert attributes == {key: -7}
+    assert ("http://b.invalid", "composite") in transport.calls
+    assert a.writer_event_number(name, writer, anywhere=True) == 3
+    with pytest.raises(EventNumberMismatch) as mismatch:  # errors come back whole, step and all
+        a.composite([UpdateAttributesStep(name, [set_key]), AppendStep(name, b"x", writer_id=writer,
+                     event_number=9, previous_event_number=4)], anywhere=True)  # fmt: skip
+    assert (mismatch.value.step, mismatch.value.stored) == (1, 3)
+    [sealed] = a.composite([SealStep(name)], anywhere=True)
+    assert isinstance(sealed, SegmentInfo) and sealed.sealed
+    assert b.read(name).data == b"far"
+    with pytest.raises(SegmentNotFound) as refused:
+        a.composite([DeleteStep(name, segment_id=created.segment_id + 1000)], anywhere=True)
+    assert refused.value.step == 0
+    with pytest.raises(InvalidArgument):
+        a.composite([AppendStep(name, lambda state: b"rendered")], anywhere=True)
