@@ -295,7 +295,7 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     md5 = hashlib.md5()
 
     def pieces() -> Iterator[bytes]:
-        for piece in reading.stream(store, info, 0, info.length):
+        for piece in reading.stream(store, info, info.start_offset, info.length):
             md5.update(piece)
             if checksum is not None:
                 checksum.update(piece)
@@ -339,13 +339,14 @@ def _append_object(store: SegmentStore, verdict: sigv4.Verdict, name: str, offse
                 raise S3Error("NoSuchKey", "The specified key does not exist.") from None
             info = store.create(name)
         if not data:
-            if info.length != offset:
-                raise S3Error("InvalidWriteOffset", f"the object is {info.length} bytes long, not {offset}")
+            size = reading.object_size(info)
+            if size != offset:
+                raise S3Error("InvalidWriteOffset", f"the object is {size} bytes long, not {offset}")
         else:
-            try:
-                info = store.append(name, data, expected_offset=offset).info
+            try:  # the object starts at the segment's start offset (truncated through the native API)
+                info = store.append(name, data, expected_offset=info.start_offset + offset).info
             except ConditionalCheckFailed as err:
-                length = err.segment.length if err.segment is not None else "another number of"
+                length = reading.object_size(err.segment) if err.segment is not None else "another number of"
                 raise S3Error(
                     "InvalidWriteOffset", f"the object is {length} bytes long, not {offset}"
                 ) from None
