@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,6 +132,21 @@ def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
 def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "0.0.0.0:0"})
     assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
+
+
+def test_gunicorn_refuses_a_port_in_use_saying_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        bind = f"127.0.0.1:{holder.getsockname()[1]}"
+        proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": bind})
+    assert f"{bind} is in use (another server? stop it, or set SEGSTORE_BIND" in proc.stderr
+    assert not (tmp_path / "data").exists()  # refused before any worker opened the store
+
+
+def test_gunicorn_refuses_a_bind_without_a_host(tmp_path: Path) -> None:
+    proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "8081"})
+    assert "setting bind='8081': host:port expected, e.g. 127.0.0.1:8081" in proc.stderr
 
 
 def gunicorn_refusing(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
