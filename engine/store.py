@@ -293,10 +293,9 @@ class SegmentStore:
         return owner, view.nodes[owner]
 
     def _elsewhere(self, container_id: int) -> str:
-        owner = self._node.view().owners.get(container_id) if self._node is not None else None
-        if owner is None:
-            return f"container {container_id} is not served by any node yet"
-        return f"container {container_id} is served by node {owner}"
+        if self._node is None:
+            return f"container {container_id} is not served here"
+        return self._node.describe(container_id)
 
     def container_of(self, name: str) -> int:
         """The id of the container that owns ``name`` (served here or not).

@@ -22,6 +22,7 @@ margin; Tier 1's fence keeps acknowledged data safe even if they do not.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -119,6 +120,7 @@ class Coordinator:
         self._held: dict[int, _Held] = {}
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
+        self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
         self._lock = threading.RLock()
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
@@ -138,6 +140,33 @@ class Coordinator:
 
     def view(self) -> ClusterView:
         return self._view
+
+    def describe(self, container: int) -> str:
+        """Who serves ``container`` as far as this node knows, for the answer to a request it refuses.
+
+        A live owner renews its lease every round, so this node sees a new
+        version about every round; one whose lease kept its version for more
+        than that stopped renewing it (killed, paused, cut off), and the
+        container waits for the lease to run out before another node claims it.
+        """
+        if self.holds(container):
+            return f"container {container}: node {self.node_id} took it over and is recovering it"
+        lease = self._leases.get(container)
+        if lease is None or lease[0].owner is None:
+            every = f"{self.renew_every_s:.1f} s"
+            return f"container {container}: no node holds it; the next round (every {every}) claims it"
+        owner, name = lease[0].owner, lease_register_name(container)
+        age = self._observer.age(name, self.clock()) or 0.0
+        left = math.ceil(self.lease_s - age)
+        if age >= self.lease_s:
+            return f"container {container}: node {owner}'s lease ran out; the next round claims it"
+        if age < 1.5 * self.renew_every_s:
+            gone = f"if it is gone, its lease runs out in about {left} s"
+            return f"container {container} is served by node {owner} ({gone})"
+        return (
+            f"container {container}: waiting for node {owner}'s lease to run out, about {left} s "
+            f"(not renewed for {age:.0f} s)"
+        )
 
     def _deadline(self, held: _Held) -> float:
         return held.renewed_at + self.lease_s * (1 - MARGIN_SHARE)
@@ -308,6 +337,7 @@ class Coordinator:
         return list(self._readers.map(self.registers.read, names))
 
     def _balance(self, seen: _Observed) -> None:
+        self._leases = seen.leases
         now = self.clock()
         live = {
             node

@@ -77,6 +77,10 @@ class ClusterNode:
     def holds(self, container: int) -> bool:
         return self.coordinator.holds(container)
 
+    def describe(self, container: int) -> str:
+        """Who serves ``container``, or what a takeover of it waits for (``Coordinator.describe``)."""
+        return self.coordinator.describe(container)
+
     def start(self) -> None:
         """Join (ClusterMismatch if the cluster disagrees) and run rounds in the background."""
         self.coordinator.join()

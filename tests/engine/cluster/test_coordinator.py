@@ -151,6 +151,26 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
 
 
+def test_a_dead_owners_container_says_what_its_takeover_waits_for() -> None:
+    cluster = Cluster(3)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    (lost,) = cluster.nodes["b"].held()
+    assert cluster.nodes["a"].describe(lost).startswith(f"container {lost} is served by node b (if it is")
+    assert cluster.nodes["b"].describe(lost) == f"container {lost}: node b took it over and is recovering it"
+    cluster.rounds(2, ["a", "c"])  # b is dead: its lease keeps its version
+    cluster.advance(LEASE_S / 6)
+    said = cluster.nodes["a"].describe(lost)
+    assert said.startswith(f"container {lost}: waiting for node b's lease to run out, about ")
+    left = int(said.split("about ")[1].split(" s")[0])
+    assert 0 < left < LEASE_S
+    cluster.rounds(3, ["a", "c"])
+    (taker,) = [node for node in ("a", "c") if lost in cluster.nodes[node].held()]
+    other = "a" if taker == "c" else "c"
+    assert cluster.nodes[other].describe(lost).startswith(f"container {lost} is served by node {taker}")
+
+
 def test_a_container_that_failed_is_handed_back_and_started_again() -> None:
     """A failed recovery (fenced by a claimant that since lost the lease) does not keep a lease idle."""
     cluster = Cluster(4)
