@@ -30,9 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from engine.cluster import balancer
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
 from engine.cluster.registers import Register, RegisterConflict, RegisterError, Registers
+from engine.metrics import ClusterMetrics
 from engine.naming import (
     CLUSTER_RECORD,
     lease_prefix,
@@ -106,6 +109,7 @@ class Coordinator:
         host: ContainerHost,
         lease_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -124,6 +128,8 @@ class Coordinator:
         self._lock = threading.RLock()
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
+        self.metrics = metrics if metrics is not None else ClusterMetrics(CollectorRegistry())
+        self.metrics.leases_held.set_function(lambda: len(self.held()))
 
     @property
     def renew_every_s(self) -> float:
@@ -253,7 +259,7 @@ class Coordinator:
         now = self.clock()
         for container, held in sorted(self._held.items()):
             if now >= self._deadline(held):
-                self._lose(container, "its lease could not be renewed in time")
+                self._lose(container, "expired", "its lease could not be renewed in time")
 
     def _hand_back_failed(self) -> None:
         """Release the leases of containers that failed here, rather than keep them out of service.
@@ -268,8 +274,9 @@ class Coordinator:
                 log.warning("node %s hands failed container %d back", self.node_id, container)
                 self._release(container)
 
-    def _lose(self, container: int, why: str) -> None:
+    def _lose(self, container: int, reason: str, why: str) -> None:
         log.warning("node %s stops container %d: %s", self.node_id, container, why)
+        self.metrics.losses[reason].inc()
         del self._held[container]
         self.host.stop_container(container)
 
@@ -302,11 +309,13 @@ class Coordinator:
             try:
                 version = self.registers.replace(name, record.encode(), held.version)
             except RegisterConflict:
-                self._lose(container, "its lease was taken")
+                self._lose(container, "taken", "its lease was taken")
                 continue
             except RegisterError as exc:
                 log.warning("node %s could not renew container %d's lease: %s", self.node_id, container, exc)
+                self.metrics.renewal_errors.inc()
                 continue
+            self.metrics.renewals.inc()
             self._held[container] = _Held(record, version, started)
 
     def _observe(self) -> _Observed:
@@ -389,6 +398,9 @@ class Coordinator:
             return
         self._held[container] = _Held(record, version, started)
         self._free_since.pop(container, None)
+        self.metrics.takeovers[
+            "new" if current is None else "released" if current[0].owner is None else "expired"
+        ].inc()
         log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)
         self.host.start_container(container)
 
