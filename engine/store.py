@@ -296,6 +296,11 @@ class SegmentStore:
             return None
         return owner, view.nodes[owner]
 
+    def owner_unreachable(self, node: str) -> None:
+        """A request forwarded to ``node`` was refused: the answers that wait for it say why."""
+        if self._node is not None:
+            self._node.unreachable(node)
+
     def _elsewhere(self, container_id: int) -> str:
         if self._node is None:
             return f"container {container_id} is not served here"

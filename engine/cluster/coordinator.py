@@ -125,6 +125,7 @@ class Coordinator:
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
+        self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
         self._lock = threading.RLock()
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
@@ -147,13 +148,16 @@ class Coordinator:
     def view(self) -> ClusterView:
         return self._view
 
+    def unreachable(self, node: str) -> None:
+        """Note that ``node`` could not be reached just now (a request to it was refused)."""
+        self._unreachable[node] = self.clock()
+
     def describe(self, container: int) -> str:
         """Who serves ``container`` as far as this node knows, for the answer to a request it refuses.
 
-        A live owner renews its lease every round, so this node sees a new
-        version about every round; one whose lease kept its version for more
-        than that stopped renewing it (killed, paused, cut off), and the
-        container waits for the lease to run out before another node claims it.
+        An owner this node could not reach within the last lease is gone for
+        the container until its lease runs out (its last renewal, as this node
+        saw it, plus ``lease_s``): another node claims it then.
         """
         if self.holds(container):
             return f"container {container}: node {self.node_id} took it over and is recovering it"
@@ -161,18 +165,14 @@ class Coordinator:
         if lease is None or lease[0].owner is None:
             every = f"{self.renew_every_s:.1f} s"
             return f"container {container}: no node holds it; the next round (every {every}) claims it"
-        owner, name = lease[0].owner, lease_register_name(container)
-        age = self._observer.age(name, self.clock()) or 0.0
-        left = math.ceil(self.lease_s - age)
+        owner, now = lease[0].owner, self.clock()
+        age = self._observer.age(lease_register_name(container), now) or 0.0
         if age >= self.lease_s:
             return f"container {container}: node {owner}'s lease ran out; the next round claims it"
-        if age < 1.5 * self.renew_every_s:
-            gone = f"if it is gone, its lease runs out in about {left} s"
-            return f"container {container} is served by node {owner} ({gone})"
-        return (
-            f"container {container}: waiting for node {owner}'s lease to run out, about {left} s "
-            f"(not renewed for {age:.0f} s)"
-        )
+        if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
+            left = math.ceil(self.lease_s - age)
+            return f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
+        return f"container {container} is served by node {owner}"
 
     def _deadline(self, held: _Held) -> float:
         return held.renewed_at + self.lease_s * (1 - MARGIN_SHARE)

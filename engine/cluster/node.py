@@ -79,6 +79,10 @@ class ClusterNode:
     def holds(self, container: int) -> bool:
         return self.coordinator.holds(container)
 
+    def unreachable(self, node: str) -> None:
+        """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""
+        self.coordinator.unreachable(node)
+
     def describe(self, container: int) -> str:
         """Who serves ``container``, or what a takeover of it waits for (``Coordinator.describe``)."""
         return self.coordinator.describe(container)
