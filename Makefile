@@ -10,22 +10,26 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The server depends on the client's own distribution (segstore-client), installed from its folder.
+CLIENT := clients/python
+PROJECTS := pyproject.toml $(CLIENT)/pyproject.toml
+
 # Serving needs only the runtime dependencies.
-$(VENV)/.serve: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e .
+$(VENV)/.serve: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e $(CLIENT) -e .
 	touch $@
 
 # Optional extras: moto's S3 server (s3), the PySpark data source (spark). `test` has both.
-$(VENV)/.s3: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[s3]'
+$(VENV)/.s3: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e $(CLIENT) -e '.[s3]'
 	touch $@ $(VENV)/.serve
 
-$(VENV)/.spark: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[spark]'
+$(VENV)/.spark: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '$(CLIENT)[spark]' -e '.[spark]'
 	touch $@ $(VENV)/.serve
 
-$(VENV)/.test: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.test: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '$(CLIENT)[spark]' -e '.[test]'
 	touch $@ $(VENV)/.serve $(VENV)/.s3 $(VENV)/.spark
 
 s3-deps: $(VENV)/.s3
@@ -50,4 +54,4 @@ bench: $(VENV)/.serve
 	$(BIN)/python -m bench.appends
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(CLIENT)/build $(CLIENT)/*.egg-info

@@ -93,7 +93,7 @@ class Forwarding:
                 try:
                     return self._forward(environ, start_response, *owner, deadline)
                 except _Unreachable:
-                    pass  # gone, or paused: wait for its lease to move
+                    self.store.owner_unreachable(owner[0])  # gone, or paused: wait for its lease to move
             left = deadline - time.monotonic()
             if left <= 0:
                 return self.app(environ, start_response)  # the surface answers 503 with Retry-After

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -111,6 +112,12 @@ class Settings:
             value = getattr(self, f.name)
             if f.type in ("int", "float") and value < 0:
                 raise InvalidArgument(f"setting {f.name} must not be negative, got {value}")
+        if _BIND.fullmatch(self.bind) is None or (
+            not self.bind.startswith("unix:") and int(self.bind.rpartition(":")[2]) > 65535
+        ):
+            raise InvalidArgument(
+                f"setting bind={self.bind!r}: host:port expected, e.g. 127.0.0.1:8081 (or unix:/path)"
+            )
         if self.container_count < 1:
             raise InvalidArgument("setting container_count must be at least 1")
         if self.max_frame_bytes < 4096:
@@ -202,9 +209,30 @@ def _s3_location(setting: str, value: str) -> tuple[str, str] | None:
     return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
 
 
+_SIZE = re.compile(r"\s*([0-9]+)\s*(B|KiB|MiB|GiB|TiB)?\s*")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+# host:port (an IPv6 host in brackets), or a unix socket.
+_BIND = re.compile(r"unix:.+|(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):[0-9]{1,5}")
+
+
+def parse_bytes(name: str, raw: Any) -> int:
+    """A ``_bytes`` setting: a whole number of bytes, or one as the settings table writes it (``8 MiB``)."""
+    if isinstance(raw, int):
+        return raw
+    match = _SIZE.fullmatch(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise InvalidArgument(
+            f"setting {name} is a size: bytes, or a number with B, KiB, MiB, GiB or TiB "
+            f"(e.g. 8 MiB, 8388608), got {raw!r}"
+        )
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
 def _convert(name: str, kind: str, raw: Any) -> Any:
     if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):
         raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}")
+    if kind == "int" and name.endswith("_bytes"):
+        return parse_bytes(name, raw)
     try:
         if kind == "int":
             return int(raw)

@@ -44,14 +44,21 @@ class DataFolder:
             self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), self.settings)
 
     def _lock_and_check(self) -> None:
-        data = self.settings.data_path
+        data = self.settings.data_path.resolve()
         data.mkdir(parents=True, exist_ok=True)
         fd = os.open(data / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise StoreLocked(f"another process owns the data directory {data}") from None
+            raise StoreLocked(
+                f"another process (pid {holder}) owns the data directory {data}: stop it, "
+                "or set SEGSTORE_DATA_DIR to another folder"
+            ) from None
+        # The holder's pid, for the message above (the lock itself is the flock, dropped on exit).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._record_to_write = store_record.check_in_folder(data, self.settings)
         except BaseException:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ from engine.container import SegmentContainer
 from engine.container_state import FAILED
 from engine.data_folder import DataFolder
 from engine.errors import ContainerNotReady, InvalidArgument, SegmentNotFound
-from engine.metrics import EngineMetrics, register_process_metrics
+from engine.metrics import ClusterMetrics, EngineMetrics, register_process_metrics
 from engine.naming import container_for, parent_of, transaction_name, validate_name
 from engine.store_metrics import ContainerCollector, SyncCollector
 from engine.tiers import Tiers
@@ -103,10 +104,11 @@ class SegmentStore:
         s = self.settings
         assert s.tier1_s3 is not None
         bucket, prefix = s.tier1_s3
+        self._cluster_metrics = ClusterMetrics(self.registry)
         self._node = ClusterNode.on_s3(
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
-            failed=self._hosted_failed,
+            failed=self._hosted_failed, metrics=self._cluster_metrics,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
@@ -118,17 +120,19 @@ class SegmentStore:
     def _host(self, container_id: int) -> None:
         """Start serving a container this node won (its recovery fences the previous owner)."""
         assert container_id not in self._by_id, f"container {container_id} hosted twice"
+        claimed_at = time.monotonic()
         container = self._build_container(container_id)
         container.start()
         self._hosted += 1
         self._host_serial[container_id] = self._hosted
         self._by_id[container_id] = container
         self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
-        threading.Thread(target=self._record_once_ready, args=(container,), daemon=True).start()
+        threading.Thread(target=self._record_once_ready, args=(container, claimed_at), daemon=True).start()
 
-    def _record_once_ready(self, container: SegmentContainer) -> None:
+    def _record_once_ready(self, container: SegmentContainer, claimed_at: float) -> None:
         container.wait_started()
         if container.ready:
+            self._cluster_metrics.takeover_seconds.observe(time.monotonic() - claimed_at)
             self._folder.write_record()
 
     def _hosted_failed(self, container_id: int) -> bool:
@@ -293,11 +297,15 @@ class SegmentStore:
             return None
         return owner, view.nodes[owner]
 
+    def owner_unreachable(self, node: str) -> None:
+        """A request forwarded to ``node`` was refused: the answers that wait for it say why."""
+        if self._node is not None:
+            self._node.unreachable(node)
+
     def _elsewhere(self, container_id: int) -> str:
-        owner = self._node.view().owners.get(container_id) if self._node is not None else None
-        if owner is None:
-            return f"container {container_id} is not served by any node yet"
-        return f"container {container_id} is served by node {owner}"
+        if self._node is None:
+            return f"container {container_id} is not served here"
+        return self._node.describe(container_id)
 
     def container_of(self, name: str) -> int:
         """The id of the container that owns ``name`` (served here or not).

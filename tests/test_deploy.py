@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,6 +134,21 @@ def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
 
 
+def test_gunicorn_refuses_a_port_in_use_saying_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        bind = f"127.0.0.1:{holder.getsockname()[1]}"
+        proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": bind})
+    assert f"{bind} is in use (another server? stop it, or set SEGSTORE_BIND" in proc.stderr
+    assert not (tmp_path / "data").exists()  # refused before any worker opened the store
+
+
+def test_gunicorn_refuses_a_bind_without_a_host(tmp_path: Path) -> None:
+    proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "8081"})
+    assert "setting bind='8081': host:port expected, e.g. 127.0.0.1:8081" in proc.stderr
+
+
 def gunicorn_refusing(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """gunicorn with segstore's config and these ``SEGSTORE_*`` settings (no auth), which must not start."""
     env = {**os.environ, "SEGSTORE_DATA_DIR": str(tmp_path / "data"), **settings}
@@ -157,7 +173,11 @@ def test_extras_bring_what_the_readme_runs() -> None:
     names = {extra: {Requirement(spec).name for spec in specs} for extra, specs in extras.items()}
     assert [Requirement(spec).extras for spec in extras["s3"]] == [{"server"}]
     assert names["s3"] == {"moto"}
-    assert names["spark"] == {"pyspark", "pyarrow"}
+    assert extras["spark"] == ["segstore-client[spark]>=0.1"]
+    client_extras = tomllib.loads((ROOT / "clients/python/pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {Requirement(spec).name for spec in client_extras["spark"]} == {"pyspark", "pyarrow"}
     (own,) = [Requirement(spec) for spec in extras["test"] if Requirement(spec).name == "segstore"]
     assert own.extras == {"s3", "spark"}
     assert "moto_server" in {e.name for e in metadata.distribution("moto").entry_points}
@@ -199,7 +219,9 @@ def docker_exec_form(instruction: str) -> list[str]:
 def test_dockerfile_serves_the_defaults_on_every_interface_with_data_on_a_volume() -> None:
     instructions = dockerfile()
     assert instructions[0] == ("FROM", "python:3.11-slim")
-    assert any(name == "RUN" and args.startswith("pip install .") for name, args in instructions)
+    # The client's own distribution first: the server depends on it, and no index has it.
+    runs = [args for name, args in instructions if name == "RUN"]
+    assert any(args.startswith("pip install ./clients/python .") for args in runs)
     env = docker_env()
     assert env["SEGSTORE_BIND"].startswith("0.0.0.0:")
     assert "SEGSTORE_ALLOW_UNAUTHENTICATED" not in env  # an open store is the operator's choice
@@ -263,7 +285,8 @@ def test_the_images_build_steps_install_a_package_that_serves(tmp_path: Path) ->
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "."], cwd=image, check=True, timeout=600)
+    (install,) = [args.split("&&")[0] for name, args in instructions if name == "RUN"]
+    subprocess.run([python, "-m", *install.split()], cwd=image, check=True, timeout=600)
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("SEGSTORE_", "PYTHON"))},

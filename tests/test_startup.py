@@ -95,7 +95,8 @@ def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path) -> None:
     with ServerProcess(data):
         status, log = refused_start(data, {})
     assert status == LATER_EXIT
-    assert_one_line_refusal(log, "another process owns the data directory")
+    assert_one_line_refusal(log, "owns the data directory " + str(data.resolve()))
+    assert re.search(r"another process \(pid [0-9]+\)", log)
 
 
 def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:

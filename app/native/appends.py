@@ -9,8 +9,9 @@ its answer is rendered by the same ``append_answer``.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from flask import Flask
@@ -19,7 +20,7 @@ from app import inputs
 from app.errors import segment_headers
 from app.native import params
 from app.shortcut import WsgiShortcut
-from engine import AppendResult, SegmentStore, validate_segment_name
+from engine import AppendResult, SegmentNotFound, SegmentStore, validate_segment_name
 
 ROUTE = "/v1/segments/{name}"
 _PREFIX = "/v1/segments/"
@@ -35,6 +36,17 @@ def append_answer(result: AppendResult) -> tuple[dict[str, str], bytes]:
         headers["Segment-Offset"] = str(result.offset)
         body = {"offset": result.offset, "length": result.info.length}
     return headers, json.dumps(body, separators=(",", ":")).encode()
+
+
+@contextlib.contextmanager
+def create_it_first(name: str) -> Iterator[None]:
+    """An append to a missing segment: its 404 says how to make one (appends never create)."""
+    try:
+        yield
+    except SegmentNotFound as err:
+        raise SegmentNotFound(
+            f"{err.detail}; create it first: PUT /v1/segments/{name}", segment=err.segment
+        ) from None
 
 
 class PlainAppend(WsgiShortcut[tuple[str, int]]):
@@ -66,7 +78,8 @@ class PlainAppend(WsgiShortcut[tuple[str, int]]):
         name, length = plain
         validate_segment_name(name)
         conditions = params.append_conditions(environ)
-        result = self.store.append(name, inputs.exact_body(environ, length), **conditions.as_kwargs())
+        with create_it_first(name):
+            result = self.store.append(name, inputs.exact_body(environ, length), **conditions.as_kwargs())
         headers, answer = append_answer(result)
         start_response(
             "200 OK",

@@ -144,7 +144,8 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
 
 def append(name: str) -> Response:
     """POST: append the body bytes, plain, conditional on the length, or deduplicated."""
-    return _append_with(functools.partial(store().append, name))
+    with appends.create_it_first(name):
+        return _append_with(functools.partial(store().append, name))
 
 
 def read(name: str) -> Response:
@@ -407,8 +408,12 @@ def segment(target: str) -> Response:
             return method_not_allowed(_PLAIN)
         return _PLAIN[request.method](name)
     verb = custom.partition("/")[0]
-    if verb not in _CUSTOM:
-        raise NotFound(f"unknown custom method :{verb}; known: {', '.join(sorted(_CUSTOM))}")
+    if verb not in _CUSTOM:  # most often a name with a colon in it, rarely a misspelt method
+        known = ", ".join(f":{v}" for v in sorted(_CUSTOM))
+        raise InvalidName(
+            f"{target.partition('/')[0]!r}: a segment name cannot hold ':', which starts a custom method, "
+            f"and :{verb} is none (they are {known})"
+        )
     form, handlers, args = _custom_route(verb, custom[len(verb) :])
     ops.set_route(f"{_ROUTE}:{verb}{form}")
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method

@@ -155,7 +155,8 @@ def bucket_shaped(bucket: str) -> bool:
 
 def derived_etag(info: SegmentInfo) -> str:
     """The ETag of an object without a valid MD5 record: stable while its bytes are, never an MD5."""
-    return hashlib.md5(f"{info.segment_id}:{info.length}".encode()).hexdigest() + "-1"
+    start = f":{info.start_offset}" if info.start_offset else ""  # truncated through the native API
+    return hashlib.md5(f"{info.segment_id}:{info.length}{start}".encode()).hexdigest() + "-1"
 
 
 def _record(store: SegmentStore, info: SegmentInfo) -> dict | None:
@@ -179,7 +180,7 @@ def _parsed(data: bytes | None, info: SegmentInfo) -> dict | None:
 
 
 def _stored(record: dict | None, info: SegmentInfo) -> Stored:
-    if record is not None and record["length"] == info.length:
+    if record is not None and record["length"] == info.length and info.start_offset == 0:
         return Stored.from_json(record)
     return Stored(derived_etag(info))
 

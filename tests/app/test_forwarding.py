@@ -118,6 +118,10 @@ class FakeStore:
         self.settings = Settings(container_count=4, takeover_wait_s=wait_s)
         self.ready_at = ready_at
         self.owner: tuple[str, str] | None = None
+        self.unreachable: list[str] = []
+
+    def owner_unreachable(self, node: str) -> None:
+        self.unreachable.append(node)
 
     def container_ready(self, container: int) -> bool:
         return self.ready_at is not None and time.monotonic() >= self.ready_at
@@ -168,6 +172,7 @@ def test_an_owner_that_refuses_connections_is_waited_out_until_the_container_is_
     store.owner = ("a", f"http://127.0.0.1:{free_port()}")  # nothing listens: a killed node
     answered, took = run(store, environ("/v1/segments/x", "POST"))
     assert answered == ["/v1/segments/x"] and 0.5 <= took < 4
+    assert set(store.unreachable) == {"a"}  # so a 503 meanwhile says its lease is waited out
 
 
 def test_a_forwarded_request_for_a_container_served_elsewhere_is_answered_at_once() -> None:

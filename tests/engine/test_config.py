@@ -201,3 +201,31 @@ def test_a_live_stream_sends_keepalives_within_the_longest_tail_wait() -> None:
     """A wait longer than tail_wait_max_s is one the store refuses: the stream would end at once."""
     assert Settings(tail_wait_max_s=5, sse_keepalive_s=15).sse_wait_s == 5
     assert Settings().sse_wait_s == 15
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("8 MiB", 8 << 20), ("64MiB", 64 << 20), ("1 GiB", 1 << 30), ("512 KiB", 512 << 10), ("4096", 4096)],
+)
+def test_sizes_are_accepted_as_the_settings_table_writes_them(
+    tmp_path: Path, raw: str, expected: int
+) -> None:
+    assert load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw}).cache_max_bytes == expected
+    assert load_settings(toml(tmp_path, f'cache_max_bytes = "{raw}"\n')).cache_max_bytes == expected
+
+
+@pytest.mark.parametrize("raw", ["8 MB", "8M", "lots", "1.5 GiB", "-1 MiB"])
+def test_a_size_in_another_form_is_refused_with_the_expected_form(raw: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"cache_max_bytes is a size: .*e\.g\. 8 MiB"):
+        load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw})
+
+
+@pytest.mark.parametrize("bind", ["8081", ":8081", "localhost", "127.0.0.1:", "127.0.0.1:99999", "a b:80"])
+def test_a_bind_that_is_not_host_and_port_is_refused(bind: str) -> None:
+    with pytest.raises(InvalidArgument, match="host:port expected"):
+        load_settings({"SEGSTORE_BIND": bind})
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:8081", "0.0.0.0:0", "[::1]:8080", "localhost:80", "unix:/tmp/s"])
+def test_binds_gunicorn_takes_are_accepted(bind: str) -> None:
+    assert load_settings({"SEGSTORE_BIND": bind}).bind == bind

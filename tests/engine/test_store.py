@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,8 +34,11 @@ def test_second_store_on_the_same_directory_is_locked_out(tmp_path: Path) -> Non
     settings = small_settings(tmp_path)
     first = SegmentStore(settings)
     first.start(wait=True)
-    with pytest.raises(StoreLocked):
+    with pytest.raises(StoreLocked) as refused:
         SegmentStore(settings).start()
+    holder = Path(settings.data_dir).resolve()
+    expected = f"another process (pid {os.getpid()}) owns the data directory {holder}: stop it"
+    assert expected in str(refused.value)
     first.create("s")
     first.close()
     second = SegmentStore(settings)

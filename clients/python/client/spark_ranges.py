@@ -270,8 +270,10 @@ def _read_frames(client: SegmentClient, byte_range: ByteRange, read_bytes: int) 
     if cut:
         raise FramingError(
             f"{segment}: the range [{byte_range.start}, {byte_range.end}) ends inside an event "
-            f"frame starting at {cut_offset} ({len(cut)} bytes of it); ranges start on append "
-            "boundaries and writers append whole frames, so the segment holds a partial frame"
+            f"frame starting at {cut_offset} ({len(cut)} bytes of it): the default framing is "
+            "length_prefixed (a 4-byte big-endian length, then the event, as EventWriter and the "
+            'sink write); bytes written otherwise are read with .option("framing", "raw") or '
+            '.option("framing", "lines")'
         )
 
 

@@ -475,6 +475,17 @@ class SegmentClient:
         path = f"{segment_path(name)}:writers/{writer_id}"
         return self._request("GET", path, safe_to_resend=True).json()["event_number"]
 
+    # -- the server ---------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether every container the node runs serves (``/healthz`` 200), and its answer's body."""
+        response = self._request("GET", "/healthz", safe_to_resend=True, ok=(200, 503))
+        return response.status_code == 200, response.json()
+
+    def cluster(self) -> dict[str, Any]:
+        """``GET /v1/cluster``: the node's id, the live nodes and their URLs, each container's owner."""
+        return self._request("GET", "/v1/cluster", safe_to_resend=True).json()
+
     # -- transactions and merge --------------------------------------------------------------
 
     def open_transaction(self, name: str) -> str:
@@ -496,6 +507,11 @@ class SegmentClient:
         """Append to an open transaction; same headers and retry rules as ``append``."""
         path = f"{segment_path(name)}:transactions/{txid}"
         return self._append(path, data, expected_offset, writer_id, event_number, event_count)
+
+    def transaction_info(self, name: str, txid: str) -> dict[str, Any]:
+        """An open transaction's info (``id``, ``parent`` and a segment's info fields)."""
+        path = f"{segment_path(name)}:transactions/{txid}"
+        return self._request("GET", path, safe_to_resend=True).json()
 
     def commit_transaction(self, name: str, txid: str) -> AppendResult:
         """Merge the transaction at the end of ``name`` atomically (idempotent)."""
