@@ -18,7 +18,9 @@ from typing import Any
 from engine import SegmentStore, Settings
 
 # The SegmentStore calls that change something.
-CHANGES = ("create", "append", "seal", "truncate", "delete", "fork", "update_attributes", "merge", "composite")
+CHANGES = (
+    "create", "append", "seal", "truncate", "delete", "fork", "update_attributes", "merge", "composite",
+)
 
 
 class Crash(Exception):
