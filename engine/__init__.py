@@ -4,11 +4,11 @@
 Durable Streams) live in ``app/``, each mapping its protocol onto these.
 """
 
-from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.cluster.peer_service import PeerService
 from engine.cluster.peers import PEER_PATH
 from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
-from engine.composite import (
+from engine.config import Settings, load_settings
+from engine.container.composite import (
     AppendStep,
     CreateStep,
     DeleteStep,
@@ -19,8 +19,7 @@ from engine.composite import (
     TruncateStep,
     UpdateAttributesStep,
 )
-from engine.config import Settings, load_settings
-from engine.container_state import SERVING as SERVING_STATES
+from engine.container.state import SERVING as SERVING_STATES
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
@@ -41,6 +40,7 @@ from engine.errors import (
     StoreLocked,
     Throttled,
 )
+from engine.metadata.attribute_updates import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.naming import (
     LEGACY_S3_PREFIX,
     LEGACY_STREAM_DATA_PREFIX,
@@ -60,7 +60,7 @@ from engine.naming import (
     transaction_name,
     validate_segment_name,
 )
-from engine.store import SegmentStore
+from engine.store.segment_store import SegmentStore
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [

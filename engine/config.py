@@ -19,11 +19,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from engine.durable_log.object_log import REACH as TIER1_WRITES_IN_FLIGHT_MAX
 from engine.errors import InvalidArgument
 from engine.naming import validate_node_id
 
 MiB = 1024 * 1024
+# Tier 1 on S3: the most writes a container's log may have in flight (its fence covers as many names).
+TIER1_WRITES_IN_FLIGHT_MAX = 8
 
 
 # Settings with no meaning at 0: chunks, appends, reads or cache blocks of no bytes; no room for
@@ -191,6 +192,28 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+# Tier 1 on local files, and Tier 2 in the data folder's own "tier2" folder (the defaults):
+# recorded relative to the data folder, which may move.
+LOCAL_TIER1 = "<data folder>/tier1"
+LOCAL_TIER2 = "<data folder>/tier2"
+
+
+def tier1_location(settings: Settings) -> str:
+    location = settings.tier1_s3
+    return LOCAL_TIER1 if location is None else f"s3://{location[0]}/{location[1]}"
+
+
+def tier2_location(settings: Settings) -> str:
+    """``s3://bucket/prefix/``, the data folder's own tier2 folder, or another folder's absolute path."""
+    location = settings.tier2_s3
+    if location is not None:
+        return f"s3://{location[0]}/{location[1]}"
+    folder = settings.tier2_path.absolute()
+    if folder == (settings.data_path / "tier2").absolute():
+        return LOCAL_TIER2
+    return str(folder)
 
 
 def _s3_location(setting: str, value: str) -> tuple[str, str] | None:

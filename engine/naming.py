@@ -191,7 +191,7 @@ def is_transaction(name: str) -> bool:
     return "#transaction." in name
 
 
-# The store record (engine/store_record.py): in the data folder, or beside an S3 Tier 1's log.
+# The store record (engine/store/record.py): in the data folder, or beside an S3 Tier 1's log.
 STORE_RECORD_NAME = "store.json"
 
 

@@ -34,10 +34,10 @@ from prometheus_client import CollectorRegistry
 
 from bench.servers import FAKE_AWS_ENV, ServerProcess
 from engine import STREAM_DATA_PREFIX, SegmentStore, Settings
-from engine.container import SegmentContainer
-from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.container.segment_container import SegmentContainer
 from engine.metrics import EngineMetrics
 from engine.naming import chunk_name, parse_chunk_name, parse_log_file_name, tier1_dir
+from engine.tier1.memory_log import MemoryDataLog
 from engine.tier2.chunk_storage import ChunkHandle
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage

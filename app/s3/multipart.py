@@ -9,7 +9,7 @@ again is a new line; the last one wins). Each part's bytes go into a
 transaction of the upload segment, invisible until committed.
 
 CompleteMultipartUpload judges the write's conditions and the chosen parts,
-then does everything in one composite operation (engine/composite.py):
+then does everything in one composite operation (engine/container/composite.py):
 each chosen part's transaction sealed and merged into the upload segment
 in part-number order, the upload published as the object (``objects.publish``:
 the old object replaced, the record written) with S3's ETag

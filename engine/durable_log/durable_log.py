@@ -36,18 +36,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine import operations as ops
 from engine.blocking import run_blocking
 from engine.completion import Completion
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog, Fate, LogFenced, PendingWrite
 from engine.durable_log.frames import frame_payload_sizes
+from engine.durable_log.metadata_updater import MetadataUpdater, Outcome
 from engine.durable_log.operation_log import OperationLog
 from engine.errors import ContainerNotReady, DataCorrupted, OutcomeUnknown, SegstoreError, StorageFull
-from engine.metadata import ContainerMetadata
-from engine.metadata_updater import MetadataUpdater, Outcome
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
-from engine.read_index import ReadIndex
+from engine.reads.read_index import ReadIndex
 
 log = logging.getLogger(__name__)
 

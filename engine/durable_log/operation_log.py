@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from engine.operations import Append, Operation
+from engine.metadata.operations import Append, Operation
 
 
 class OperationLog:

@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine import SegmentExists, SegmentStore, Settings
-from engine import operations as ops
-from engine.container import SegmentContainer
+from engine.container.segment_container import SegmentContainer
 from engine.durable_log import frames
 from engine.durable_log.data_log import PendingWrite
-from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
+from engine.tier1.memory_log import MemoryDataLog
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
-from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
-from engine.attribute_index import page as pages
-from engine.attribute_index.memory import LivePageStore
-from engine.attribute_index.page import INT64_MAX, INT64_MIN, NODE_MAX_BYTES
-from engine.attribute_index.tree import COMPACTION_RATIO
+from engine.attributes.index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
+from engine.attributes.index import page as pages
+from engine.attributes.index.memory import LivePageStore
+from engine.attributes.index.page import INT64_MAX, INT64_MIN, NODE_MAX_BYTES
+from engine.attributes.index.tree import COMPACTION_RATIO
 from engine.errors import DataCorrupted, InvalidArgument
 
 SMALL_NODE_BYTES = 200  # 7 entries a leaf, 5 children an index page: splits and merges with few keys

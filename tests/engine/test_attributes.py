@@ -16,7 +16,7 @@ from engine import (
     SegmentSealed,
     SegmentStore,
 )
-from engine import operations as ops
+from engine.metadata import operations as ops
 from tests.engine.conftest import Node
 
 T = AttributeUpdateType

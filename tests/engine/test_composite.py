@@ -28,10 +28,10 @@ from engine import (
     TruncateStep,
     UpdateAttributesStep,
 )
-from engine import operations as ops
 from engine.durable_log import frames
-from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.metadata import operations as ops
 from engine.naming import container_for
+from engine.tier1.memory_log import MemoryDataLog
 from tests.engine.conftest import HeldProcessor, Node, logged_operations
 
 W = uuid.UUID(int=11)

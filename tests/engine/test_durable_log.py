@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 
 from engine import ContainerNotReady, SegmentNotFound, StorageFull, Throttled
-from engine import operations as ops
 from engine.durable_log.frames import iter_batches
 from engine.durable_log.operation_log import OperationLog
+from engine.metadata import operations as ops
 from tests.engine.conftest import HeldProcessor, Node, logged_operations
 
 W = uuid.UUID(int=7)

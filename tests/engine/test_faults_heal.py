@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
-from engine import container_state as state
+from engine.container import state
 from engine.tier2.chunk_storage import ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, small_settings, wait_until
@@ -118,7 +118,7 @@ def test_tier2_full_answers_storage_full_once_the_backlog_fills_then_heals(node:
         for _ in range(100):
             node.store.append("s", chunk)
             acknowledged += 1
-    assert isinstance(node.container.writer.failing, ChunkStorageFull)
+    assert isinstance(node.container.storage_writer.failing, ChunkStorageFull)
     assert node.container.state == state.THROTTLED
     node.faults.end_outage()  # space freed
     wait_until(lambda: node.container.state == state.RUNNING, timeout_s=15, what="Tier 2 catching up")

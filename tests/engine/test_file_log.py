@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine import DataCorrupted
-from engine.durable_log.file_log import FileDataLog
 from engine.durable_log.frames import HEADER, iter_batches
 from engine.naming import log_file_name, parse_log_file_name
+from engine.tier1.file_log import FileDataLog
 
 FRAME = 4096
 

@@ -16,9 +16,9 @@ from engine import (
     SegmentStore,
     SegmentTruncated,
 )
-from engine import operations as ops
+from engine.durable_log.metadata_updater import MetadataUpdater
 from engine.errors import LayoutChanged
-from engine.metadata_updater import MetadataUpdater
+from engine.metadata import operations as ops
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, logged_operations, small_settings
 

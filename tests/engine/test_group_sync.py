@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from engine import Settings
-from engine.durable_log.file_log import FileDataLog
-from engine.durable_log.group_sync import GroupSync, sync_files
 from engine.naming import container_for
-from engine.store import SegmentStore
+from engine.store.segment_store import SegmentStore
+from engine.tier1.file_log import FileDataLog
+from engine.tier1.group_sync import GroupSync, sync_files
 
 
 class SlowSync:

@@ -17,9 +17,9 @@ from engine import (
     SegmentSealed,
     SegmentStore,
 )
-from engine import operations as ops
-from engine.metadata import ContainerMetadata
-from engine.metadata_updater import MetadataUpdater, Outcome
+from engine.durable_log.metadata_updater import MetadataUpdater, Outcome
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.tier2.chunked import ChunkRef
 
 W1, W2 = uuid.UUID(int=1), uuid.UUID(int=2)

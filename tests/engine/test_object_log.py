@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from engine import DataCorrupted
-from engine.durable_log import object_log
 from engine.durable_log.data_log import LogFenced, PendingWrite
-from engine.durable_log.object_log import REACH, ObjectDataLog
-from engine.durable_log.wal_object import decode_object
 from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_prefix
+from engine.tier1 import object_log
+from engine.tier1.object_log import REACH, ObjectDataLog
+from engine.tier1.wal_object import decode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage

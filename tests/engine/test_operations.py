@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import DataCorrupted
-from engine import operations as ops
+from engine.metadata import operations as ops
 
 INT64 = st.integers(0, 2**63 - 1)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from engine import SegmentNotFound, SegmentStore
-from engine import operations as ops
-from engine.metadata import BOUNDARIES_MAX, BOUNDARY_SPACING_MIN_BYTES, SegmentMetadata
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import BOUNDARIES_MAX, BOUNDARY_SPACING_MIN_BYTES, SegmentMetadata
 from tests.engine.conftest import Node
 
 KiB = 1024

@@ -19,14 +19,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine import ContainerNotReady, OutcomeUnknown, SegmentStore
-from engine import operations as ops
 from engine.completion import Completion
-from engine.container import SegmentContainer
-from engine.durable_log import durable_log, object_log
-from engine.durable_log.object_log import ObjectDataLog
-from engine.metadata_updater import Outcome
+from engine.container.segment_container import SegmentContainer
+from engine.durable_log import durable_log
+from engine.durable_log.metadata_updater import Outcome
+from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
 from engine.naming import wal_prefix
+from engine.tier1 import object_log
+from engine.tier1.object_log import ObjectDataLog
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageError
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import small_settings, wait_until

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.read_ahead import PrefetchedStream
+from engine.reads.read_ahead import PrefetchedStream
 from engine.tier2.chunk_storage import ChunkNotFound
 from tests.engine.conftest import wait_until
 

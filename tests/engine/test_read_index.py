@@ -20,8 +20,8 @@ from engine import (
     SegmentStore,
     SegmentTruncated,
 )
-from engine.cache import Cache
-from engine.read_index import ReadIndex
+from engine.reads.cache import Cache
+from engine.reads.read_index import ReadIndex
 from engine.tier2.chunked import ChunkRef
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, wait_until

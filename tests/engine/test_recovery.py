@@ -25,8 +25,8 @@ from engine import (
     SegmentSealed,
     SegmentStore,
 )
-from engine import operations as ops
 from engine.durable_log.frames import encode_batch
+from engine.metadata import operations as ops
 from engine.naming import chunk_name, layout_key, parse_chunk_name, parse_log_file_name, tier1_dir
 from tests.engine.conftest import Node, logged_operations, small_settings
 

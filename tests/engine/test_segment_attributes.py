@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from engine import AttributeUpdate, AttributeUpdateType, ConditionalCheckFailed
-from engine import operations as ops
-from engine.metadata import SegmentMetadata
-from engine.writer import ATTRIBUTE_MEMORY_BYTES
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import SegmentMetadata
+from engine.storage_writer import ATTRIBUTE_MEMORY_BYTES
 from tests.engine.conftest import Node, logged_operations, wait_until
 
 T = AttributeUpdateType
@@ -138,7 +138,7 @@ def test_a_crash_in_the_middle_of_an_index_write_keeps_the_old_root(
         attempts.append(op)  # the pages are in Tier 2; the process dies before the root is logged
         raise OSError("crash before the index root reached Tier 1")
 
-    monkeypatch.setattr(node.container.writer, "_commit_index", never_durable)
+    monkeypatch.setattr(node.container.storage_writer, "_commit_index", never_durable)
     node.store.update_attributes("s", [AttributeUpdate(k, T.REPLACE, -k.int) for k in KEYS[:20]])
     wait_until(lambda: attempts, what="an index write")
     written = set(_attribute_chunks(node))

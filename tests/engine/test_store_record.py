@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine import ContainerNotReady, Misconfigured, SegmentStore, Settings
-from engine.store_record import LOCAL_TIER1, LOCAL_TIER2, StoreRecord, check_in_bucket, write_in_bucket
+from engine.config import LOCAL_TIER1, LOCAL_TIER2
+from engine.store.record import StoreRecord, check_in_bucket, write_in_bucket
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageUnusable
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage

@@ -21,9 +21,9 @@ import pytest
 
 from engine import InvalidArgument, SegmentStore, Settings
 from engine.durable_log.data_log import DurableDataLog
-from engine.durable_log.file_log import FileDataLog
-from engine.durable_log.memory_data_log import MemoryDataLog
-from engine.durable_log.object_log import ObjectDataLog
+from engine.tier1.file_log import FileDataLog
+from engine.tier1.memory_log import MemoryDataLog
+from engine.tier1.object_log import ObjectDataLog
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 

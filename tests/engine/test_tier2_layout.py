@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from engine import SegmentExists, SegmentNotFound
-from engine import operations as ops
+from engine.metadata import operations as ops
 from engine.naming import layout_key
 from engine.tier2.chunked import ChunkRef
 from engine.tier2.memory import MemoryChunkStorage

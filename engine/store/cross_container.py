@@ -27,7 +27,7 @@ from engine.types import MergeResult, ReadResult, SegmentInfo
 
 if TYPE_CHECKING:
     from engine.config import Settings
-    from engine.container import SegmentContainer
+    from engine.container.segment_container import SegmentContainer
 
 
 class Source(Protocol):

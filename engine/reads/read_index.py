@@ -14,8 +14,8 @@ import threading
 
 from sortedcontainers import SortedDict
 
-from engine.cache import Cache, Key
 from engine.completion import Completion
+from engine.reads.cache import Cache, Key
 
 
 class _SegmentIndex:

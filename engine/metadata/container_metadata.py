@@ -4,7 +4,7 @@
 ``apply`` (an operation made durable, or replayed in recovery) and through
 the storage writer (storage length, sealed in storage, collection of deleted
 segments). The processor's view of a batch not yet durable is
-``engine.metadata_updater.MetadataUpdater``.
+``engine.durable_log.metadata_updater.MetadataUpdater``.
 
 Invariants, asserted on every change:
 ``0 <= start_offset <= length``, ``storage_length <= length``, start offset
@@ -26,13 +26,13 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from engine import operations as ops
-from engine.attributes import Preloaded
 from engine.errors import (
     AttributesNotLoaded,
     LayoutChanged,
     SegmentNotFound,
 )
+from engine.metadata import operations as ops
+from engine.metadata.attribute_updates import Preloaded
 from engine.tier2.chunked import ChunkRef, Layout, check_layout, concat_layouts, layout_from_json
 from engine.types import SegmentInfo
 

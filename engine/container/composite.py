@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine import operations as ops
-from engine.attributes import AttributeUpdate, check_request
 from engine.errors import InvalidArgument, PayloadTooLarge
+from engine.metadata import operations as ops
+from engine.metadata.attribute_updates import AttributeUpdate, check_request
 from engine.types import AppendResult, MergeResult, SegmentInfo
 
 _INT64_MAX = 2**63 - 1

@@ -6,7 +6,7 @@ otherwise) and ``store.json``. With Tier 1 on S3 there is no lock (each
 container log's fence takes its place) and the record lives in the bucket.
 The record is checked when the store opens (``Misconfigured`` on a
 difference) but written only once every container has recovered, so that a
-start that failed binds the store to nothing (``engine/store_record.py``).
+start that failed binds the store to nothing (``engine/store/record.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import logging
 import os
 from collections.abc import Callable
 
-from engine import store_record
 from engine.blocking import run_blocking
 from engine.config import Settings
 from engine.errors import StoreLocked
+from engine.store import record as store_record
 from engine.tier2.chunk_storage import ChunkStorage, ChunkStorageError
 
 log = logging.getLogger(__name__)

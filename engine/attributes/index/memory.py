@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from engine.attribute_index.tree import AttributeIndex, IndexUpdate
+from engine.attributes.index.tree import AttributeIndex, IndexUpdate
 
 
 class LivePageStore:

@@ -3,7 +3,7 @@
 It validates names, routes each segment to one of ``container_count``
 containers by a stable hash, and owns the containers' lifecycle: ``start``
 recovers them (in parallel, in the background), ``close`` stops them cleanly.
-It opens the data folder first (``engine/data_folder.py``: its lock, and the
+It opens the data folder first (``engine/store/data_folder.py``: its lock, and the
 store record of the container count, Tier 1 and Tier 2 it was created with).
 With Tier 1 on S3 the data folder holds nothing: the record lives in the
 bucket and each container log's fence replaces the lock. As a cluster node
@@ -21,24 +21,25 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from engine import cross_container, store_record
-from engine.attributes import AttributeUpdate
-from engine.composite import Step, StepResult, names_of
-from engine.config import Settings
-from engine.container import SegmentContainer
-from engine.container_state import FAILED
-from engine.data_folder import DataFolder
+from engine.config import Settings, tier1_location, tier2_location
+from engine.container.composite import Step, StepResult, names_of
+from engine.container.segment_container import SegmentContainer
+from engine.container.state import FAILED
 from engine.errors import ContainerNotReady, InvalidArgument, SegmentNotFound
+from engine.metadata.attribute_updates import AttributeUpdate
 from engine.metrics import EngineMetrics, register_process_metrics
 from engine.naming import container_for, parent_of, transaction_name, validate_name
-from engine.store_metrics import ContainerCollector, SyncCollector
-from engine.tiers import Tiers
+from engine.store import cross_container
+from engine.store import record as store_record
+from engine.store.collectors import ContainerCollector, SyncCollector
+from engine.store.data_folder import DataFolder
+from engine.store.tiers import Tiers
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 if TYPE_CHECKING:
     from engine.cluster.node import ClusterNode
     from engine.cluster.peers import Transport
-    from engine.cluster.wide import ClusterWide
+    from engine.store.cluster_wide import ClusterWide
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class SegmentStore:
         """Run the containers this node wins leases for (engine/cluster/node.py), not all of them."""
         from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
         from engine.cluster.peers import HttpTransport, PeerClient
-        from engine.cluster.wide import ClusterWide
+        from engine.store.cluster_wide import ClusterWide
 
         s = self.settings
         assert s.tier1_s3 is not None
@@ -182,8 +183,8 @@ class SegmentStore:
         log.info(
             "segstore store: data folder %s, Tier 1 %s, Tier 2 %s; containers recovered in %s",
             s.data_path.absolute(),
-            store_record.shown(store_record.tier1_location(s), s),
-            store_record.shown(store_record.tier2_location(s), s),
+            store_record.shown(tier1_location(s), s),
+            store_record.shown(tier2_location(s), s),
             recoveries,
         )
 
@@ -205,7 +206,7 @@ class SegmentStore:
         return self.refusal()
 
     def container_states(self) -> list[tuple[int, str, str | None]]:
-        """Each container's id, state (``engine.container_state``) and why it is not serving."""
+        """Each container's id, state (``engine.container.state``) and why it is not serving."""
         return [(c.container_id, c.state, c.state_reason) for c in self._containers]
 
     def _build_container(self, container_id: int) -> SegmentContainer:
@@ -357,7 +358,7 @@ class SegmentStore:
         and the refused step's error says which, in ``step``), written as one
         log entry, applied together (a reader sees all of it or none of it)
         and answered once: each step with the state its own change left
-        (engine/composite.py). A crash leaves all of it or none of it.
+        (engine/container/composite.py). A crash leaves all of it or none of it.
         """
         if not steps:
             raise InvalidArgument("a composite operation needs at least one step")
@@ -444,7 +445,7 @@ class SegmentStore:
         to a reserved ``prefix``. Returns the page and the name to pass as
         ``after`` for the next page (None when there is no more). On a
         cluster node the listing spans every container of the cluster
-        (``engine/cluster/wide.py``; ContainerNotReady while one is served
+        (``engine/store/cluster_wide.py``; ContainerNotReady while one is served
         by no node); ``here``: only the containers this node serves (work
         each node does for its own, such as expiry).
         """

@@ -1,6 +1,6 @@
 """A container's lifecycle and state: recovery, what it serves meanwhile, and stopping.
 
-``SegmentContainer`` builds the components (``engine/container.py``); this
+``SegmentContainer`` builds the components (``engine/container/segment_container.py``); this
 part starts and stops them. Recovery replays Tier 1 (from then on reads are
 possible), makes the new epoch durable with a checkpoint, reaches Tier 2 and
 only then takes writes. Two faults are waited out instead of failing the
@@ -8,7 +8,7 @@ start: a full Tier 1 (the container serves reads, ``read_only``, and tries
 the checkpoint again every second) and a Tier 2 that does not answer
 (backoff up to 10 s). A Tier 2 that refuses us (no bucket, credentials
 refused) fails the start as ``Misconfigured``, which stops the server.
-``state`` (``engine/container_state.py``) says what the container serves now.
+``state`` (``engine/container/state.py``) says what the container serves now.
 The transaction reaper runs from the end of recovery until the container stops.
 """
 
@@ -19,21 +19,21 @@ import logging
 import threading
 import time
 
-from engine import container_state as states
-from engine import naming, store_record
-from engine import operations as ops
-from engine.config import Settings
+from engine import naming
+from engine.config import Settings, tier2_location
+from engine.container import state as states
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import ContainerNotReady, Misconfigured, SegstoreError, StorageFull
-from engine.metadata import ContainerMetadata
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
-from engine.read_index import ReadIndex
-from engine.storage_reader import StorageReader
+from engine.reads.read_index import ReadIndex
+from engine.reads.storage_reader import StorageReader
+from engine.storage_writer import StorageWriter
 from engine.tier2.chunk_storage import ChunkStorageError, ChunkStorageUnusable
 from engine.tier2.chunked import ChunkedSegmentStorage
-from engine.writer import StorageWriter
 
-log = logging.getLogger("engine.container")
+log = logging.getLogger("engine.container.segment_container")
 
 # While Tier 1 is full at start, the epoch's checkpoint is tried again this often.
 _FULL_RETRY_S = 1.0
@@ -56,7 +56,7 @@ class ContainerLifecycle:
     read_index: ReadIndex
     durable_log: DurableLog
     chunked: ChunkedSegmentStorage
-    writer: StorageWriter
+    storage_writer: StorageWriter
     storage_reader: StorageReader
     _backlog_max: int
 
@@ -96,7 +96,7 @@ class ContainerLifecycle:
             self._begin_epoch()
             self._reach_tier2()
             self.durable_log.start()
-            self.writer.start()
+            self.storage_writer.start()
             threading.Thread(
                 target=self._reap_transactions,
                 name=f"reaper-{self.container_id}",
@@ -151,7 +151,7 @@ class ContainerLifecycle:
                 self._collect_garbage()
                 return
             except ChunkStorageUnusable as exc:
-                where = store_record.tier2_location(self.settings)
+                where = tier2_location(self.settings)
                 raise Misconfigured(f"Tier 2 at {where} cannot be used: {exc}") from None
             except (ChunkStorageError, OSError) as exc:
                 log.warning(
@@ -210,7 +210,7 @@ class ContainerLifecycle:
 
     @property
     def state(self) -> str:
-        """One of ``engine.container_state.STATES``."""
+        """One of ``engine.container.state.STATES``."""
         if self._closed:
             return states.STOPPED
         if self._failure is not None or self.durable_log.failure is not None:
@@ -221,7 +221,7 @@ class ContainerLifecycle:
             return states.READ_ONLY
         if self.metadata.unflushed_bytes > self._throttled_above:
             return states.THROTTLED
-        if self.writer.failing is not None:
+        if self.storage_writer.failing is not None:
             return states.DEGRADED
         return states.RUNNING
 
@@ -236,7 +236,7 @@ class ContainerLifecycle:
         if current == states.THROTTLED:
             return f"{self.metadata.unflushed_bytes} acknowledged bytes wait for Tier 2"
         if current == states.DEGRADED:
-            return f"Tier 2 writes fail and are retried: {self.writer.failing}"
+            return f"Tier 2 writes fail and are retried: {self.storage_writer.failing}"
         if current == states.RECOVERING:
             return "replaying Tier 1, or waiting for Tier 2 to answer"
         return None if current == states.RUNNING else current
@@ -263,7 +263,7 @@ class ContainerLifecycle:
         self.storage_reader.finish()
         self.read_index.close()
         if self._failure is None:
-            self.writer.close()
+            self.storage_writer.close()
             self.durable_log.close()
 
     def drain(self) -> None:
@@ -274,7 +274,7 @@ class ContainerLifecycle:
 
     def flush(self, timeout_s: float) -> None:
         self._check_ready()
-        self.writer.flush(timeout_s)
+        self.storage_writer.flush(timeout_s)
 
     def _check_ready(self) -> None:
         """Writes need a running container."""

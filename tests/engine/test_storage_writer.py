@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine import ContainerNotReady, SegmentStore
-from engine import operations as ops
+from engine.metadata import operations as ops
 from engine.naming import parse_chunk_name, parse_log_file_name, tier1_dir
 from engine.tier2.chunked import ChunkedSegmentStorage
 from engine.tier2.local import LocalChunkStorage
@@ -26,7 +26,7 @@ W = uuid.UUID(int=3)
 
 def writer_rounds(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
     """Count the storage writer's completed rounds (read, flush what is due, truncate)."""
-    writer = node.container.writer
+    writer = node.container.storage_writer
     original = writer._after_round
     count = [0]
 
@@ -44,7 +44,7 @@ def test_flush_by_size(make_node: Callable[..., Node], monkeypatch: pytest.Monke
     node.store.create("s")
     node.store.append("s", b"a" * 999)
     seq = node.container.metadata.seq
-    wait_until(lambda: node.container.writer._last_seq >= seq, what="the writer to read the append")
+    wait_until(lambda: node.container.storage_writer._last_seq >= seq, what="the writer to read the append")
     seen = rounds()
     wait_until(lambda: rounds() >= seen + 2, what="a full writer round after it")
     assert node.store.info("s").storage_length == 0
@@ -395,7 +395,7 @@ def test_a_large_backlog_is_flushed_in_steps_under_one_layout_commit(
     node.container.settings = small_settings(
         flush_threshold_ms=60_000, flush_threshold_bytes=2000, defrag_small_bytes=small_bytes
     )
-    node.container.writer.settings = node.container.settings
+    node.container.storage_writer.settings = node.container.settings
     node.store.flush()
     layout = node.layout("s")
     assert [(c.start, c.length) for c in layout] == [(start, step) for start in range(0, 10_000, step)]

@@ -14,8 +14,6 @@ import time
 from collections import ChainMap
 from dataclasses import dataclass
 
-from engine import operations as ops
-from engine.attributes import INT64_MAX, INT64_MIN, Preloaded, resolve
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
@@ -26,7 +24,9 @@ from engine.errors import (
     SegmentSealed,
     SegstoreError,
 )
-from engine.metadata import (
+from engine.metadata import operations as ops
+from engine.metadata.attribute_updates import INT64_MAX, INT64_MIN, Preloaded, resolve
+from engine.metadata.container_metadata import (
     ContainerMetadata,
     SegmentMetadata,
     check_fork,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from engine.config import Settings
 from engine.durable_log.data_log import DurableDataLog
-from engine.durable_log.file_log import FileDataLog
-from engine.durable_log.group_sync import GroupSync
-from engine.durable_log.object_log import ObjectDataLog
 from engine.naming import tier1_dir
+from engine.tier1.file_log import FileDataLog
+from engine.tier1.group_sync import GroupSync
+from engine.tier1.object_log import ObjectDataLog
 from engine.tier2.chunk_storage import ChunkStorage
 from engine.tier2.local import LocalChunkStorage
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from engine.durable_log import frames
 from engine.durable_log.data_log import PendingWrite, write_one
-from engine.durable_log.group_sync import GroupSync
 from engine.errors import DataCorrupted
 from engine.naming import log_file_name, parse_log_file_name
+from engine.tier1.group_sync import GroupSync
 
 log = logging.getLogger(__name__)
 

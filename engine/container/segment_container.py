@@ -15,14 +15,14 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from engine import composite, naming
-from engine import operations as ops
-from engine.attributes import AttributeUpdate, Preloaded, check_request
-from engine.cache import Cache
+from engine import naming
+from engine.attributes.segment_attributes import SegmentAttributes
 from engine.config import Settings
-from engine.container_lifecycle import ContainerLifecycle
+from engine.container import composite
+from engine.container.lifecycle import ContainerLifecycle
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.durable_log import DurableLog
+from engine.durable_log.metadata_updater import Outcome
 from engine.errors import (
     AttributesNotLoaded,
     BadOffset,
@@ -36,12 +36,14 @@ from engine.errors import (
     StorageFull,
     Throttled,
 )
-from engine.metadata import ContainerMetadata
-from engine.metadata_updater import Outcome
+from engine.metadata import operations as ops
+from engine.metadata.attribute_updates import AttributeUpdate, Preloaded, check_request
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
-from engine.read_index import ReadIndex
-from engine.segment_attributes import SegmentAttributes
-from engine.storage_reader import StorageReader
+from engine.reads.cache import Cache
+from engine.reads.read_index import ReadIndex
+from engine.reads.storage_reader import StorageReader
+from engine.storage_writer import StorageWriter
 from engine.tier2.chunk_storage import (
     ChunkNotFound,
     ChunkStorage,
@@ -50,7 +52,6 @@ from engine.tier2.chunk_storage import (
 )
 from engine.tier2.chunked import ChunkedSegmentStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
-from engine.writer import StorageWriter
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class SegmentContainer(ContainerLifecycle):
         self.durable_log = DurableLog(settings, data_log, self.metadata, self.read_index, metrics)
         node_cache_bytes = max(settings.attribute_index_cache_bytes // settings.container_count, 1)
         self.attributes = SegmentAttributes(self.metadata, self.chunked, node_cache_bytes)
-        self.writer = StorageWriter(
+        self.storage_writer = StorageWriter(
             container_id,
             settings,
             self.durable_log,
@@ -162,7 +163,7 @@ class SegmentContainer(ContainerLifecycle):
     def export_layout(self, name: str, timeout_s: float) -> str:
         """Flush the segment to Tier 2 and write its layout next to its chunks; returns the key."""
         self._check_ready()
-        self.writer.flush(timeout_s)
+        self.storage_writer.flush(timeout_s)
         with self.metadata.lock:
             seg = self.metadata.by_name(name)
             chunks, length = list(seg.chunks), seg.storage_length
@@ -205,7 +206,7 @@ class SegmentContainer(ContainerLifecycle):
         while True:
             op, end = self._fork_layout(source, name, offset)
             if end - op.length > self.settings.max_append_bytes and tries == 0:
-                self.writer.flush(_FORK_FLUSH_TIMEOUT_S)
+                self.storage_writer.flush(_FORK_FLUSH_TIMEOUT_S)
                 op, end = self._fork_layout(source, name, offset)
             op.data = self._read_exactly(source, op.source_id, op.length, end)
             op.data_length = len(op.data)
@@ -293,14 +294,15 @@ class SegmentContainer(ContainerLifecycle):
         """Refuse appends (Throttled, or StorageFull) while too many bytes wait for Tier 2."""
         if self.metadata.unflushed_bytes + appended <= self._backlog_max:
             return
-        if isinstance(self.writer.failing, ChunkStorageFull):
+        failing = self.storage_writer.failing
+        if isinstance(failing, ChunkStorageFull):
             self.metrics.throttled_storage_full.inc()
-            raise StorageFull(f"Tier 2 is full ({self.writer.failing}); appends resume once space is freed")
+            raise StorageFull(f"Tier 2 is full ({failing}); appends resume once space is freed")
         self.metrics.throttled_backlog.inc()
         raise Throttled("too many bytes are waiting for Tier 2; retry later", retry_after_s=1)
 
     def composite(self, steps: Sequence[composite.Step]) -> list[composite.StepResult]:
-        """Apply ``steps`` as one composite operation (engine/composite.py); each step's answer.
+        """Apply ``steps`` as one composite operation (engine/container/composite.py); each step's answer.
 
         Refused as a whole when any step is: the error is that step's, with
         its index in ``step``.

@@ -1,6 +1,6 @@
 """Applying a sorted run of changes to one B+Tree leaf, copying only what changes.
 
-The attribute index (``engine.attribute_index.tree``) calls this for every
+The attribute index (``engine.attributes.index.tree``) calls this for every
 leaf a batch of attribute changes touches; a leaf the changes leave as it
 was is not rewritten.
 """
@@ -11,7 +11,7 @@ from array import array
 from bisect import bisect_left
 from itertools import islice
 
-from engine.attribute_index.page import Leaf
+from engine.attributes.index.page import Leaf
 
 # Above this many changes to one leaf, rebuild it from a dict instead of inserting one by one.
 _REBUILD_CHANGES = 64

@@ -9,7 +9,7 @@ Layout (``engine.naming``): write number ``n`` of container ``c`` is the
 object ``c{c}/wal/{n:020d}``, created put-if-absent (S3: ``If-None-Match:
 *``); it is durable once the create returned. ``c{c}/epochs/`` holds the
 newest epoch claimed, ``c{c}/start/`` the write the log starts at after a
-truncation. An object's bytes are in ``engine.durable_log.wal_object``:
+truncation. An object's bytes are in ``engine.tier1.wal_object``:
 ``(epoch, generation)`` names its writer: a new owner claims a new epoch, a
 writer that repairs its log after a failed write takes a new generation.
 ``base``: every write below it was in the bucket when this one was begun. A
@@ -46,9 +46,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from engine.config import TIER1_WRITES_IN_FLIGHT_MAX
 from engine.durable_log import frames
 from engine.durable_log.data_log import Fate, LogFenced, PendingWrite, write_one
-from engine.durable_log.wal_object import HEADER_BYTES, WalObject, Writer, decode_object, encode_object
 from engine.errors import DataCorrupted
 from engine.naming import (
     epoch_name,
@@ -61,6 +61,7 @@ from engine.naming import (
     wal_start_name,
     wal_start_prefix,
 )
+from engine.tier1.wal_object import HEADER_BYTES, WalObject, Writer, decode_object, encode_object
 from engine.tier2.chunk_storage import (
     ChunkExists,
     ChunkHandle,
@@ -72,7 +73,7 @@ from engine.tier2.chunk_storage import (
 log = logging.getLogger(__name__)
 
 # The most writes a writer of the log may have in flight; a fence covers as many names.
-REACH = 8
+REACH = TIER1_WRITES_IN_FLIGHT_MAX
 # A writer acknowledges a write only within this long of having seen no newer epoch...
 CONFIRM_S = 10.0
 # ...and an owner deletes no name its fence covered within this long of the fence.

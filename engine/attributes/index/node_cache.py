@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from engine.attribute_index.page import Node
+from engine.attributes.index.page import Node
 
 DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
 

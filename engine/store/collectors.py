@@ -1,6 +1,6 @@
 """Metrics read off the containers when Prometheus scrapes, not kept up to date on the data path.
 
-Per container: its state (``engine/container_state.py``: one series per
+Per container: its state (``engine/container/state.py``: one series per
 state, 1 for the current one), its segments and open transactions, and what
 its Tier 1 log holds on the local disk (files and bytes, as the log tracks
 them; nothing with Tier 1 on S3). Per node: the sync rounds of the Tier 1
@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine import container_state, naming
-from engine.container import SegmentContainer
-from engine.durable_log.group_sync import GroupSync
+from engine import naming
+from engine.container import state as container_state
+from engine.container.segment_container import SegmentContainer
+from engine.tier1.group_sync import GroupSync
 
 
 class ContainerCollector(Collector):

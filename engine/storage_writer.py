@@ -30,14 +30,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine import operations as ops
+from engine.attributes.segment_attributes import SegmentAttributes
 from engine.config import Settings
 from engine.durable_log.durable_log import DurableLog
 from engine.errors import SegmentNotFound, SegstoreError
-from engine.metadata import ContainerMetadata, PendingMerge, set_attributes
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import ContainerMetadata, PendingMerge, set_attributes
 from engine.metrics import EngineMetrics
-from engine.read_index import ReadIndex
-from engine.segment_attributes import SegmentAttributes
+from engine.reads.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkStorageError
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
 

@@ -16,10 +16,10 @@ import time
 
 from engine.config import Settings
 from engine.errors import DataCorrupted, SegmentNotFound, SegmentTruncated, SegstoreError, Throttled
-from engine.metadata import ContainerMetadata
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.metrics import EngineMetrics
-from engine.read_ahead import PrefetchedStream, ReadAhead
-from engine.read_index import ReadIndex
+from engine.reads.read_ahead import PrefetchedStream, ReadAhead
+from engine.reads.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorageError
 from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef, contiguous_run
 

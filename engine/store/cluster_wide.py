@@ -12,16 +12,32 @@ refused, never silently short.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.cluster.peers import PeerClient, PeerSegments
+from engine.config import Settings
 from engine.errors import ContainerNotReady
 from engine.naming import container_for
 from engine.types import SegmentInfo
 
 if TYPE_CHECKING:
-    from engine.cluster.node import ClusterNode
-    from engine.store import SegmentStore
+    from engine.cluster.node import ClusterNode  # boto3: imported only by a cluster node
+
+
+class LocalStore(Protocol):
+    """What a cluster-wide operation asks of this node's store (``segment_store.SegmentStore``)."""
+
+    settings: Settings
+
+    def serves(self, container_id: int) -> bool: ...
+
+    def list_served(
+        self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
+    ) -> list[SegmentInfo]: ...
+
+    def heads(
+        self, names: Iterable[str], max_length: int | None = None, *, here: bool = False
+    ) -> dict[str, bytes | None]: ...
 
 Node = tuple[str, str]  # node id, URL
 
@@ -29,7 +45,7 @@ Node = tuple[str, str]  # node id, URL
 class ClusterWide:
     """Whole-cluster listings and reads for ``store``, a node of ``node``'s cluster."""
 
-    def __init__(self, store: SegmentStore, node: ClusterNode, client: PeerClient) -> None:
+    def __init__(self, store: LocalStore, node: ClusterNode, client: PeerClient) -> None:
         self.store = store
         self.node = node
         self.client = client

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from engine.attributes import AttributeUpdate, Preloaded
 from engine.errors import DataCorrupted
+from engine.metadata.attribute_updates import AttributeUpdate, Preloaded
 from engine.types import SegmentInfo
 
 _HEADER = struct.Struct(">BQI")

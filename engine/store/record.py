@@ -26,7 +26,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.config import Settings
+from engine.config import Settings, tier1_location, tier2_location
 from engine.errors import ContainerNotReady, DataCorrupted, Misconfigured
 from engine.naming import STORE_RECORD_NAME
 from engine.tier2.chunk_storage import (
@@ -38,12 +38,6 @@ from engine.tier2.chunk_storage import (
 )
 
 log = logging.getLogger(__name__)
-
-# Tier 1 on local files, and Tier 2 in the data folder's own "tier2" folder (the defaults):
-# recorded relative to the data folder, which may move.
-LOCAL_TIER1 = "<data folder>/tier1"
-LOCAL_TIER2 = "<data folder>/tier2"
-
 
 @dataclass(frozen=True)
 class StoreRecord:
@@ -93,25 +87,9 @@ class StoreRecord:
         return StoreRecord(self.container_count, self.tier1 or wanted.tier1, self.tier2 or wanted.tier2)
 
 
-def tier1_location(settings: Settings) -> str:
-    location = settings.tier1_s3
-    return LOCAL_TIER1 if location is None else f"s3://{location[0]}/{location[1]}"
-
-
 def shown(location: str, settings: Settings) -> str:
     """A recorded location with the data folder's path in it, for a log line."""
     return location.replace("<data folder>", str(settings.data_path.absolute()), 1)
-
-
-def tier2_location(settings: Settings) -> str:
-    """``s3://bucket/prefix/``, the data folder's own tier2 folder, or another folder's absolute path."""
-    location = settings.tier2_s3
-    if location is not None:
-        return f"s3://{location[0]}/{location[1]}"
-    folder = settings.tier2_path.absolute()
-    if folder == (settings.data_path / "tier2").absolute():
-        return LOCAL_TIER2
-    return str(folder)
 
 
 def check_in_folder(data: Path, settings: Settings) -> StoreRecord | None:

@@ -1,6 +1,6 @@
 """Each segment's attribute index in Tier 2 (seed 001 "Attribute Index"): look up and write.
 
-The B+Tree (``engine.attribute_index``) plans pages; this module stores them in
+The B+Tree (``engine.attributes.index``) plans pages; this module stores them in
 the segment's *attribute segment*: chunks named for ``<name>#attributes``,
 written through the chunked storage and head-truncated below the lowest live
 page, so obsolete pages leave Tier 2 a whole chunk at a time. The attribute
@@ -23,10 +23,10 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from engine import naming
-from engine import operations as ops
-from engine.attribute_index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
+from engine.attributes.index import AttributeIndex, IndexUpdate, NodeCache, RootPointer
 from engine.errors import SegmentNotFound
-from engine.metadata import ContainerMetadata
+from engine.metadata import operations as ops
+from engine.metadata.container_metadata import ContainerMetadata
 from engine.tier2.chunked import ChunkedSegmentStorage
 
 # Attribute chunks roll over at this size; head truncation frees whole chunks.

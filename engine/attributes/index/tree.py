@@ -41,9 +41,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter, le
 
-from engine.attribute_index.cache import NodeCache
-from engine.attribute_index.leaf_edit import changed_leaf
-from engine.attribute_index.page import (
+from engine.attributes.index.leaf_edit import changed_leaf
+from engine.attributes.index.node_cache import NodeCache
+from engine.attributes.index.page import (
     INDEX_ENTRY_BYTES,
     INT64_MAX,
     INT64_MIN,
