@@ -203,7 +203,7 @@ class HeldProcessor:
         assert self.entered.wait(5)
 
     def wait_queued(self, count: int) -> None:
-        queue = self.node.container.durable_log._queue
+        queue = self.node.container.durable_log.processor._queue
         wait_until(lambda: len(queue) == count, what=f"{count} queued operations")
 
     def release(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from engine import ContainerNotReady, OutcomeUnknown, SegmentStore
 from engine.completion import Completion
 from engine.container.segment_container import SegmentContainer
-from engine.durable_log import durable_log
+from engine.durable_log import processor
 from engine.durable_log.metadata_updater import Outcome
 from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
@@ -218,10 +218,10 @@ def test_a_processor_failure_answers_an_unknown_outcome_for_writes_it_began(
     pipelined.store.create("s")
     log = pipelined.container.durable_log
 
-    def broken(logged: list[ops.Operation]) -> None:
+    def broken(logged: list[ops.Operation], outcomes: list[Outcome]) -> None:
         raise RuntimeError("a bug while applying")
 
-    monkeypatch.setattr(log, "_apply", broken)
+    monkeypatch.setattr(log.processor, "commit", broken)
     with pytest.raises(OutcomeUnknown, match="processor failed"):
         pipelined.store.append("s", b"written")
     with pytest.raises(ContainerNotReady, match="processor failed"):
@@ -234,7 +234,7 @@ def test_closing_answers_the_writes_still_in_flight_once_it_stops_waiting(
     pipelined: Pipelined, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Tier 1 write that outlasts closing: its caller gets an unknown outcome, not silence."""
-    monkeypatch.setattr(durable_log, "CLOSE_WAIT_S", 0.2)
+    monkeypatch.setattr(processor, "CLOSE_WAIT_S", 0.2)
     pipelined.store.create("s")
     pipelined.wal.gate.clear()
     future = pipelined.add_in_flight(append("s", b"stuck"))
@@ -308,7 +308,7 @@ def test_small_appends_wait_for_half_a_write_s_latency_before_another_write(pipe
     pipelined.wal.gate.clear()
     first = pipelined.add_in_flight(append("s", b"first"))
     entered = pipelined.wal.entered
-    pipelined.container.durable_log._write_seconds = 20.0
+    pipelined.container.durable_log.processor._write_seconds = 20.0
     small = pipelined.add(append("s", b"small"))
     time.sleep(0.1)
     assert pipelined.wal.entered == entered  # the small one waits
