@@ -16,8 +16,9 @@ import pytest
 from engine import DataCorrupted
 from engine.durable_log.data_log import LogFenced, PendingWrite
 from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_prefix
-from engine.tier1 import object_log
-from engine.tier1.object_log import REACH, ObjectDataLog
+from engine.tier1 import object_log_recovery
+from engine.tier1.object_log import ObjectDataLog
+from engine.tier1.object_log_recovery import REACH
 from engine.tier1.wal_object import decode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
@@ -29,7 +30,7 @@ C = 1
 @pytest.fixture(autouse=True)
 def _no_keeping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Truncation deletes at once (one test puts the wait back)."""
-    monkeypatch.setattr(object_log, "KEEP_FENCE_S", 0.0)
+    monkeypatch.setattr(object_log_recovery, "KEEP_FENCE_S", 0.0)
 
 
 def opened(storage: object, in_flight: int = 4) -> tuple[ObjectDataLog, list[bytes]]:
@@ -372,7 +373,7 @@ def test_a_writer_that_did_not_look_for_a_newer_owner_lately_does_before_it_ackn
     old.append(b"acknowledged")
     ObjectDataLog(storage, C)._new_epoch()  # a new owner claimed its epoch, and is slow to fence
     old.append(b"within CONFIRM_S of the last look")
-    monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)
+    monkeypatch.setattr(object_log_recovery, "CONFIRM_S", 0.0)
     old.append(b"landed where the new owner will read it: it stands")
     with pytest.raises(LogFenced):  # but the writer stops
         old.append(b"refused")
@@ -391,7 +392,7 @@ def test_a_paused_writer_never_acknowledges_a_write_in_a_name_a_truncation_freed
     for name in [n for n in storage.chunks if n.startswith(wal_prefix(C))]:
         if int(name.rpartition("/")[2]) < new._log_start:
             del storage.chunks[name]  # KEEP_FENCE_S later: the fence's names are gone too
-    monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)  # the pause outlasted CONFIRM_S
+    monkeypatch.setattr(object_log_recovery, "CONFIRM_S", 0.0)  # the pause outlasted CONFIRM_S
     with pytest.raises(LogFenced):
         old.write(paused)  # its create succeeds, in a freed name
     assert opened(storage)[1] == [bytes([2])]
@@ -424,7 +425,7 @@ def test_objects_below_the_start_are_no_part_of_the_log() -> None:
 def test_names_the_fence_covered_stay_until_keep_fence_s_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     storage = MemoryChunkStorage()
     log, _ = opened(storage, in_flight=1)
-    monkeypatch.setattr(object_log, "KEEP_FENCE_S", 3600.0)
+    monkeypatch.setattr(object_log_recovery, "KEEP_FENCE_S", 3600.0)
     log, _ = opened(storage, in_flight=1)
     fenced = wal(storage)
     addresses = [log.append(bytes([i]) * 10)[0] for i in range(4)]

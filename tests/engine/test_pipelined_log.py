@@ -26,7 +26,7 @@ from engine.durable_log.metadata_updater import Outcome
 from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
 from engine.naming import wal_prefix
-from engine.tier1 import object_log
+from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageError
 from engine.tier2.memory import MemoryChunkStorage
@@ -295,7 +295,7 @@ def test_a_write_that_landed_before_a_fence_is_an_unknown_outcome_not_a_refusal(
     assert b"landed" in appended(list(new_owner.recover()))
     address, _ = new_owner.append(b"the new owner writes on")
     new_owner.truncate(address)
-    monkeypatch.setattr(object_log, "CONFIRM_S", 0.0)  # the pause outlasted it: the old owner looks
+    monkeypatch.setattr(object_log_recovery, "CONFIRM_S", 0.0)  # the pause outlasted it: the old owner looks
     pipelined.wal.answers.set()
     with pytest.raises(OutcomeUnknown, match="fenced"):
         landed.result()
