@@ -19,7 +19,8 @@ import requests
 from tqdm import tqdm
 
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError
-from client.segment_client import SegmentClient, SegmentInfo
+from client.results import SegmentInfo
+from client.segment_client import SegmentClient
 
 MiB = 1024 * 1024
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"

@@ -71,7 +71,8 @@ from pyspark.sql.types import StructType
 
 from client import spark_sink
 from client.errors import SegmentExists
-from client.segment_client import SegmentClient, SegmentInfo
+from client.results import SegmentInfo
+from client.segment_client import SegmentClient
 from client.spark_ranges import (
     DEFAULT_READ_BYTES,
     FRAMINGS,

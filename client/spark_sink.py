@@ -48,7 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from client.errors import ConditionalCheckFailed, SegmentNotFound
-from client.segment_client import AttributeUpdate, SegmentClient
+from client.results import AttributeUpdate
+from client.segment_client import SegmentClient
 
 HEADER_BYTES = 4
 DEFAULT_APPEND_BYTES = 4 * 1024 * 1024

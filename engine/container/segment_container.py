@@ -19,6 +19,7 @@ from engine import naming
 from engine.attributes.segment_attributes import SegmentAttributes
 from engine.config import Settings
 from engine.container import composite
+from engine.container.forks import fork_operation
 from engine.container.lifecycle import ContainerLifecycle
 from engine.durable_log.data_log import DurableDataLog
 from engine.durable_log.durable_log import DurableLog
@@ -221,31 +222,7 @@ class SegmentContainer(ContainerLifecycle):
         """A fork of ``source``'s committed layout (its bytes not yet read), and where the fork ends."""
         self._check_ready()
         with self.metadata.lock:
-            seg = self.metadata.by_name(source)
-            info = seg.info()
-            end = info.length if offset is None else offset
-            if end < info.start_offset:
-                raise SegmentTruncated(f"fork offset {end} is below the start offset", segment=info)
-            if end > info.length:
-                raise BadOffset(f"fork offset {end} is past the length {info.length}", segment=info)
-            flushed = min(end, seg.storage_length)
-            chunks = [
-                c._replace(length=min(c.end, flushed) - c.start)
-                for c in seg.chunks
-                if c.end > info.start_offset and c.start < flushed
-            ]
-            op = ops.ForkSegment(
-                name=name,
-                created=time.time(),
-                rollover_bytes=seg.rollover_bytes,
-                chunks=[list(c) for c in chunks],
-                length=max(flushed, info.start_offset),
-                start_offset=info.start_offset,
-                source=source,
-                source_id=seg.segment_id,
-                boundaries=[b for b in seg.boundaries if info.start_offset <= b < end],
-            )
-        return op, end
+            return fork_operation(self.metadata.by_name(source), name, offset)
 
     def _read_exactly(self, name: str, segment_id: int, start: int, end: int) -> bytes:
         """Bytes [start, end) of segment ``segment_id`` (SegmentNotFound if ``name`` is another now)."""

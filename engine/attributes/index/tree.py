@@ -41,16 +41,24 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter, le
 
+from engine.attributes.index.draft import (
+    INF,
+    Draft,
+    DraftBranch,
+    Kid,
+    Ptr,
+    concat,
+    draft_bytes,
+    kids_of,
+    lowest_kept,
+)
 from engine.attributes.index.leaf_edit import changed_leaf
 from engine.attributes.index.node_cache import NodeCache
 from engine.attributes.index.page import (
-    INDEX_ENTRY_BYTES,
     INT64_MAX,
     INT64_MIN,
     KEY_BYTES,
-    LEAF_ENTRY_BYTES,
     NODE_MAX_BYTES,
-    OVERHEAD_BYTES,
     Branch,
     Leaf,
     Node,
@@ -63,9 +71,6 @@ from engine.attributes.index.page import (
 )
 from engine.errors import DataCorrupted, InvalidArgument
 
-# A child not rewritten by the plan: (page offset, page length, lowest offset in its subtree).
-Ptr = tuple[int, int, int]
-_INF = float("inf")
 # Progressive compaction moves pages until their bytes reach this share of the batch's own.
 COMPACTION_RATIO = 0.125
 _first = itemgetter(0)
@@ -95,20 +100,6 @@ class IndexUpdate:
     root: RootPointer | None
     obsolete: tuple[int, ...] = ()
     nodes: tuple[tuple[int, Node], ...] = field(default=(), repr=False, compare=False)
-
-
-class _DraftBranch:
-    """An index node being planned: its children are either kept pages (Ptr) or drafts."""
-
-    __slots__ = ("keys", "kids")
-
-    def __init__(self, keys: list[bytes], kids: list[Ptr | Leaf | _DraftBranch]) -> None:
-        self.keys = keys
-        self.kids = kids
-
-
-Draft = Leaf | _DraftBranch
-Kid = Ptr | Leaf | _DraftBranch
 
 
 class AttributeIndex:
@@ -313,7 +304,7 @@ class AttributeIndex:
         kids += zip(node.offsets[done:], node.lengths[done:], node.mins[done:], strict=True)
         if underfull:
             self._rebalance(new_keys, kids, rightmost, replaced)
-        return self._split(_DraftBranch(new_keys, kids), rightmost)
+        return self._split(DraftBranch(new_keys, kids), rightmost)
 
     def _rebalance(self, keys: list[bytes], kids: list[Kid], rightmost: bool, replaced: list[int]) -> None:
         """Merge each changed child under its fill bound with a neighbour (or share evenly with it)."""
@@ -333,8 +324,8 @@ class AttributeIndex:
                 break
             if type(other) is tuple:
                 replaced.append(other[0])
-            merged = _concat(a, b)
-            if type(merged) is _DraftBranch:
+            merged = concat(a, b)
+            if type(merged) is DraftBranch:
                 # a's last child and b's first are neighbours now: either may be a changed child
                 # under its bound that had no neighbour before.
                 edge = rightmost and left + 2 == len(kids)
@@ -371,7 +362,7 @@ class AttributeIndex:
             if type(draft) is Leaf:
                 pieces.append(Leaf(draft.keys[at:end], draft.values[at:end]))
             else:
-                pieces.append(_DraftBranch(draft.keys[at:end], draft.kids[at:end]))
+                pieces.append(DraftBranch(draft.keys[at:end], draft.kids[at:end]))
             at = end
         assert at == len(draft.keys) and all(pieces), "pieces must cover the node"
         return pieces
@@ -379,7 +370,7 @@ class AttributeIndex:
     def _grow(self, pieces: list[Draft]) -> Kid | None:
         """One root over ``pieces`` (new index levels as needed); None for no pieces."""
         while len(pieces) > 1:
-            pieces = self._split(_DraftBranch([p.keys[0] for p in pieces], list(pieces)), True)
+            pieces = self._split(DraftBranch([p.keys[0] for p in pieces], list(pieces)), True)
         return pieces[0] if pieces else None
 
     def _collapse(self, top: Kid | None, replaced: list[int]) -> Kid | None:
@@ -390,7 +381,7 @@ class AttributeIndex:
                 return top
             if type(top) is tuple:
                 replaced.append(top[0])
-            top = _kids_of(node)[0]
+            top = kids_of(node)[0]
         return None
 
     def _compact(self, top: Kid, replaced: list[int]) -> Kid:
@@ -402,7 +393,7 @@ class AttributeIndex:
         """
         if type(top) is tuple:
             top = self._draft_of(top, replaced)
-        budget = self.compaction_ratio * _draft_bytes(top)
+        budget = self.compaction_ratio * draft_bytes(top)
         moved = 0
         while True:
             length = self._move_lowest(top, replaced)
@@ -416,11 +407,11 @@ class AttributeIndex:
         Returns that page's length, 0 if ``top`` keeps no page.
         """
         node = top
-        while type(node) is _DraftBranch:
+        while type(node) is DraftBranch:
             kids = node.kids
-            lows = [kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in kids]
+            lows = [kid[2] if type(kid) is tuple else lowest_kept(kid) for kid in kids]
             low = min(lows)
-            if low == _INF:
+            if low == INF:
                 return 0
             best = lows.index(low)
             kid = kids[best]
@@ -436,7 +427,7 @@ class AttributeIndex:
         replaced.append(ptr[0])
         if type(node) is Leaf:
             return node
-        return _DraftBranch(list(node.keys), _kids_of(node))
+        return DraftBranch(list(node.keys), kids_of(node))
 
     def _emit(self, top: Kid | None, base: int, replaced: list[int]) -> IndexUpdate:
         """Serialize the drafts under ``top``, children before parents, from offset ``base``."""
@@ -483,33 +474,3 @@ class AttributeIndex:
 
     def _min(self, node: Node | Draft) -> int:
         return self._leaf_min if type(node) is Leaf else self._index_min
-
-
-def _kids_of(node: Branch | _DraftBranch) -> list[Kid]:
-    if type(node) is _DraftBranch:
-        return list(node.kids)
-    return list(zip(node.offsets, node.lengths, node.mins, strict=True))
-
-
-def _concat(a: Node | Draft, b: Node | Draft) -> Draft:
-    """One draft holding the entries of ``a`` then those of ``b``, its right neighbour."""
-    assert type(a) is type(b) or Leaf not in (type(a), type(b)), "merged nodes of two kinds"
-    assert a.keys[-1] < b.keys[0], "merged nodes overlap"
-    if type(a) is Leaf:
-        return Leaf(a.keys + b.keys, a.values + b.values)
-    return _DraftBranch(a.keys + b.keys, _kids_of(a) + _kids_of(b))
-
-
-def _draft_bytes(draft: Draft) -> int:
-    """The bytes the pages of ``draft`` and the drafts under it will take."""
-    if type(draft) is Leaf:
-        return OVERHEAD_BYTES + len(draft.keys) * LEAF_ENTRY_BYTES
-    below = sum(_draft_bytes(kid) for kid in draft.kids if type(kid) is not tuple)
-    return OVERHEAD_BYTES + len(draft.kids) * INDEX_ENTRY_BYTES + below
-
-
-def _lowest_kept(draft: Draft) -> float:
-    """The lowest offset of a kept page under ``draft`` (infinity if it keeps none)."""
-    if type(draft) is Leaf:
-        return _INF
-    return min(kid[2] if type(kid) is tuple else _lowest_kept(kid) for kid in draft.kids)
