@@ -2,7 +2,7 @@
 
 ``native`` (``/v1/segments``), ``streams`` (Durable Streams, ``/v1/stream``)
 and ``s3`` (path-style S3 at the root) each map their protocol onto
-segments; ``auth``, ``errors``, ``ops``, ``inputs`` and ``chunked_body``
+segments; ``auth``, ``errors``, ``ops``, ``inputs`` and ``http_chunked``
 are the HTTP helpers they share.
 
 ``create_app`` builds the store inside the calling process (a gunicorn
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, forwarding, inputs, native, ops, peer, s3, streams
+from app import auth, errors, forwarding, http_chunked, inputs, native, ops, peer, s3, streams
 from app.native import subject as native_subject
 from app.s3 import subject as s3_subject
 from app.streams import subject as streams_subject
@@ -45,8 +45,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     subjects = [native_subject.request_subject, streams_subject.request_subject, s3_subject.request_subject]
     app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store, subjects)  # type: ignore[method-assign]
     # Around every reader of a body (the stream append shortcut takes no chunked one).
-    chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
-    app.wsgi_app = chunked_body.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
+    chunked_limit = http_chunked.max_chunk_bytes(settings.max_append_bytes)
+    app.wsgi_app = http_chunked.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
     return app

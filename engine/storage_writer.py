@@ -39,7 +39,7 @@ from engine.metadata.container_metadata import ContainerMetadata, PendingMerge, 
 from engine.metrics import EngineMetrics
 from engine.reads.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkStorageError
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from werkzeug.routing import BaseConverter
 
 from app import auth, inputs
 from app.errors import problem, render_segstore_error
+from app.streams.append_shortcut import StreamAppendShortcut
 from app.streams.errors import StreamClosed
 from app.streams.format import is_json, validate_expires_at
 from app.streams.producers import MAX_PRODUCER_EPOCH, MAX_PRODUCER_SEQ, Producer
 from app.streams.protocol import CORS_HEADERS, PREFIX, fork_source, read_body, response_cursor
 from app.streams.records import StreamRead
-from app.streams.shortcut import PlainAppend
 from app.streams.sse import event_stream
 from app.streams.store import StreamStore
 from engine import InvalidArgument, SegmentStore, SegstoreError
@@ -67,14 +67,14 @@ bp.record_once(lambda state: state.app.url_map.converters.update(stream_path=Str
 def init_app(app: Flask, store: SegmentStore) -> None:
     """Build the stream layer over ``store``, start its reaper and register the routes.
 
-    Plain appends take the WSGI shortcut (``PlainAppend``) in front of Flask.
+    Plain appends take the WSGI shortcut (``StreamAppendShortcut``) in front of Flask.
     """
     streams = StreamStore(store, reap_interval_s=store.settings.stream_reap_interval_s)
     streams.start()
     app.extensions["streams"] = streams
     app.register_blueprint(bp)
     auth.add_touches(app, PREFIX, _fork_touches)
-    app.wsgi_app = PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = StreamAppendShortcut(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
 def streams() -> StreamStore:

@@ -27,7 +27,7 @@ from engine.attributes.index import AttributeIndex, IndexUpdate, NodeCache, Root
 from engine.errors import SegmentNotFound
 from engine.metadata import operations as ops
 from engine.metadata.container_metadata import ContainerMetadata
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 
 # Attribute chunks roll over at this size; head truncation frees whole chunks.
 ATTRIBUTE_ROLLOVER_BYTES = 4 * 1024 * 1024

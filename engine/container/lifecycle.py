@@ -31,7 +31,7 @@ from engine.reads.read_index import ReadIndex
 from engine.reads.storage_reader import StorageReader
 from engine.storage_writer import StorageWriter
 from engine.tier2.chunk_storage import ChunkStorageError, ChunkStorageUnusable
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 
 log = logging.getLogger("engine.container.segment_container")
 

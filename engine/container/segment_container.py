@@ -51,7 +51,7 @@ from engine.tier2.chunk_storage import (
     ChunkStorageError,
     ChunkStorageFull,
 )
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 log = logging.getLogger(__name__)

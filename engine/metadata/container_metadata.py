@@ -33,7 +33,13 @@ from engine.errors import (
 )
 from engine.metadata import operations as ops
 from engine.metadata.attribute_updates import Preloaded
-from engine.tier2.chunked import ChunkRef, Layout, check_layout, concat_layouts, layout_from_json
+from engine.tier2.chunked_segment_storage import (
+    ChunkRef,
+    Layout,
+    check_layout,
+    concat_layouts,
+    layout_from_json,
+)
 from engine.types import SegmentInfo
 
 # Merges a target remembers for idempotent retries (the oldest are forgotten first).

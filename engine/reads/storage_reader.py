@@ -21,7 +21,7 @@ from engine.metrics import EngineMetrics
 from engine.reads.read_ahead import PrefetchedStream, ReadAhead
 from engine.reads.read_index import ReadIndex
 from engine.tier2.chunk_storage import ChunkNotFound, ChunkStorageError
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef, contiguous_run
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef, contiguous_run
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ChunkStorage protocol (seed 002 "Tier-2 storage providers operate only at chunk level").
 
 A chunk is one named object (a file, an S3 object) holding a contiguous run
-of one segment's bytes. Chunked segment storage (``engine.tier2.chunked``)
+of one segment's bytes. Chunked segment storage (``engine.tier2.chunked_segment_storage``)
 builds segments out of chunks; a binding only stores chunks. Names come from
 ``engine.naming`` and are opaque here: a binding maps them to its own keys
 without interpreting them.

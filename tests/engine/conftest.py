@@ -19,7 +19,7 @@ from engine.durable_log.data_log import PendingWrite
 from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
 from engine.tier1.memory_log import MemoryDataLog
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 

@@ -7,7 +7,7 @@ import pytest
 from engine.errors import DataCorrupted
 from engine.naming import parse_chunk_name
 from engine.tier2.chunk_storage import ChunkHandle, ChunkNotFound
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef, check_layout, concat_layouts
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef, check_layout, concat_layouts
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 

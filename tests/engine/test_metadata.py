@@ -20,7 +20,7 @@ from engine import (
 from engine.durable_log.metadata_updater import MetadataUpdater, Outcome
 from engine.metadata import operations as ops
 from engine.metadata.container_metadata import ContainerMetadata
-from engine.tier2.chunked import ChunkRef
+from engine.tier2.chunked_segment_storage import ChunkRef
 
 W1, W2 = uuid.UUID(int=1), uuid.UUID(int=2)
 

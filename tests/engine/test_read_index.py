@@ -22,7 +22,7 @@ from engine import (
 )
 from engine.reads.cache import Cache
 from engine.reads.read_index import ReadIndex
-from engine.tier2.chunked import ChunkRef
+from engine.tier2.chunked_segment_storage import ChunkRef
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, wait_until
 

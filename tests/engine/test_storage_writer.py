@@ -16,7 +16,7 @@ import pytest
 from engine import ContainerNotReady, SegmentStore
 from engine.metadata import operations as ops
 from engine.naming import parse_chunk_name, parse_log_file_name, tier1_dir
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, leads_with_checkpoint, logged_operations, small_settings, wait_until
@@ -437,7 +437,7 @@ def test_a_flush_overtaken_by_a_merge_leaves_no_chunk_bytes_its_layout_does_not_
         return length
 
     monkeypatch.setattr(node.storage, "write", write)
-    caplog.set_level(logging.INFO, logger="engine.tier2.chunked")
+    caplog.set_level(logging.INFO, logger="engine.tier2.chunked_segment_storage")
     flusher = threading.Thread(target=node.store.flush)
     flusher.start()
     assert in_write.wait(5)

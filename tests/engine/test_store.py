@@ -23,7 +23,7 @@ from engine.container.segment_container import SegmentContainer
 from engine.metrics import EngineMetrics
 from engine.naming import container_chunk_prefix, container_for, parse_chunk_name
 from engine.tier1.memory_log import MemoryDataLog
-from engine.tier2.chunked import ChunkedSegmentStorage
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, small_settings

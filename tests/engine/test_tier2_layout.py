@@ -10,7 +10,7 @@ import pytest
 from engine import SegmentExists, SegmentNotFound
 from engine.metadata import operations as ops
 from engine.naming import layout_key
-from engine.tier2.chunked import ChunkRef
+from engine.tier2.chunked_segment_storage import ChunkRef
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, logged_operations, small_settings
 

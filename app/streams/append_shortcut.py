@@ -29,7 +29,7 @@ _NOT_PLAIN = (
 _APPENDED_HEADERS = list(CORS_HEADERS.items())
 
 
-class PlainAppend(WsgiShortcut[tuple[str, int]]):
+class StreamAppendShortcut(WsgiShortcut[tuple[str, int]]):
     """WSGI shortcut for the hot path: a POST with a body and a Content-Length, and nothing else.
 
     It answers what ``append`` would (204 with ``Stream-Next-Offset`` and the

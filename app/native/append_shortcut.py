@@ -1,7 +1,7 @@
 """An append's answer, and the native append shortcut: plain appends answered in WSGI, in front of Flask.
 
 An append (``POST /v1/segments/{name}`` with a body and a Content-Length) is
-the hot path of the native API. ``PlainAppend`` (an ``app.shortcut``) serves
+the hot path of the native API. ``NativeAppendShortcut`` (an ``app.shortcut``) serves
 it in front of Flask. Its conditions (``Expected-Offset``, ``Writer-Id`` +
 ``Event-Number``, ``Event-Count``) are read by the same parser as the view's,
 its answer is rendered by the same ``append_answer``.
@@ -37,7 +37,7 @@ def append_answer(result: AppendResult) -> tuple[dict[str, str], bytes]:
     return headers, json.dumps(body, separators=(",", ":")).encode()
 
 
-class PlainAppend(WsgiShortcut[tuple[str, int]]):
+class NativeAppendShortcut(WsgiShortcut[tuple[str, int]]):
     """WSGI shortcut for ``POST /v1/segments/{name}`` with a Content-Length body and no query.
 
     Anything else (custom methods such as ``:seal``, a query string, chunked

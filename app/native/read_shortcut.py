@@ -2,7 +2,7 @@
 
 A tail reader long-polls ``GET /v1/segments/{name}?offset=N&wait=S`` once per
 batch of appends it follows, so its path is as hot as the append's.
-``PlainRead`` (an ``app.shortcut``) serves the plain form in front of Flask;
+``NativeReadShortcut`` (an ``app.shortcut``) serves the plain form in front of Flask;
 its parameters are parsed by the view's functions, its answer built by the
 same ``read_answer``.
 """
@@ -46,7 +46,7 @@ def read_answer(result: ReadResult) -> tuple[int, dict[str, str]]:
     return 200, headers
 
 
-class PlainRead(WsgiShortcut[tuple[str, dict[str, str]]]):
+class NativeReadShortcut(WsgiShortcut[tuple[str, dict[str, str]]]):
     """WSGI shortcut for ``GET /v1/segments/{name}`` with at most ``offset`` and ``wait``.
 
     Anything else (a custom method such as ``:info``, another parameter, a

@@ -1,5 +1,5 @@
-"""The plain-append shortcut (``app.streams.shortcut.PlainAppend``): the same answers as Flask's view,
-errors rendered by the blueprint, metrics counted, and everything else left to Flask."""
+"""The stream append shortcut (``app.streams.append_shortcut.StreamAppendShortcut``): the same answers as
+Flask's view, errors rendered by the blueprint, metrics counted, and everything else left to Flask."""
 
 from __future__ import annotations
 
