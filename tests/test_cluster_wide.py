@@ -22,8 +22,10 @@ import requests
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from app.s3.names import s3_state_name
+from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess
-from engine.naming import container_for, s3_state_name, stream_meta_segment
+from engine.naming import container_for
 from tests import cluster_fixtures
 from tests.cluster_fixtures import CONTAINERS, TIMEOUT_S, owners, wait_for
 

@@ -32,8 +32,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from app.streams.names import STREAM_DATA_PREFIX
 from bench.servers import FAKE_AWS_ENV, ServerProcess
-from engine import STREAM_DATA_PREFIX, SegmentStore, Settings
+from engine import SegmentStore, Settings
 from engine.container.segment_container import SegmentContainer
 from engine.metrics import EngineMetrics
 from engine.naming import chunk_name, parse_chunk_name, parse_log_file_name, tier1_dir

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from app.s3 import checksums, objects
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
+from app.s3.names import s3_state_name
 from engine import (
     AppendStep,
     CreateStep,
@@ -58,7 +59,6 @@ from engine import (
     SegmentStore,
     SegstoreError,
     Step,
-    s3_state_name,
     transaction_name,
 )
 

@@ -48,6 +48,7 @@ from typing import TypeVar
 
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
+from app.s3.names import s3_state_name
 from engine import (
     AppendStep,
     ConditionalCheckFailed,
@@ -64,7 +65,6 @@ from engine import (
     Step,
     Throttled,
     TruncateStep,
-    s3_state_name,
     validate_segment_name,
 )
 

@@ -33,21 +33,22 @@ import json
 import logging
 
 from app.streams.format import unframe
-from app.streams.records import encode_record
-from engine import (
-    ATTRIBUTES_PER_REQUEST_MAX,
+from app.streams.names import (
     LEGACY_STREAM_DATA_PREFIX,
     LEGACY_STREAM_META_PREFIX,
     STREAM_DATA_PREFIX,
-    STREAMS_OWNER,
+    STREAMS,
+    stream_meta_segment,
+    stream_of_meta_segment,
+)
+from app.streams.records import encode_record
+from engine import (
+    ATTRIBUTES_PER_REQUEST_MAX,
     AttributeUpdate,
     AttributeUpdateType,
     SegmentExists,
     SegmentNotFound,
     SegmentStore,
-    migrated_marker,
-    stream_meta_segment,
-    stream_of_meta_segment,
 )
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def migrate(store: SegmentStore) -> int:
     """
     if store.node is not None:
         return 0
-    marker = migrated_marker(STREAMS_OWNER)
+    marker = STREAMS.migrated
     with contextlib.suppress(SegmentNotFound):
         store.info(marker)
         return 0

@@ -22,9 +22,10 @@ from app.native.subject import request_subject as native_subject
 from app.ops import ROUTE_KEY
 from app.s3 import objects
 from app.s3.subject import request_subject as s3_subject
+from app.streams.names import stream_data_segment, stream_meta_segment
 from app.streams.subject import request_subject as streams_subject
 from bench.servers import free_port
-from engine import Settings, stream_data_segment, stream_meta_segment
+from engine import Settings
 from engine.naming import container_for
 
 SUBJECTS = [native_subject, streams_subject, s3_subject]

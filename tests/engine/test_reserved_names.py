@@ -12,19 +12,29 @@ from collections.abc import Callable
 
 import pytest
 
-from engine import InvalidName, SegmentNotFound, SegmentStore, validate_segment_name
+from engine import InvalidName, ReservedNames, SegmentNotFound, SegmentStore, reserve, validate_segment_name
 from engine.naming import (
     container_for,
     is_internal,
     is_reserved,
     parent_of,
-    reserved_name,
-    s3_state_name,
-    stream_data_segment,
     transaction_name,
     validate_name,
 )
 from tests.engine.conftest import Node
+
+NAMES = reserve("test")
+
+
+def test_a_surface_claims_its_owner_once_and_builds_its_names_from_it() -> None:
+    assert ReservedNames("test") == NAMES
+    assert NAMES.prefix() == "#test/" and NAMES.prefix("records") == "#test/records/"
+    assert NAMES.name("records", "b/k") == "#test/records/b/k" and NAMES.migrated == "#test/migrated"
+    with pytest.raises(ValueError, match="claimed already"):
+        reserve("test")
+    for owner in ["", "Test", "a/b", "a#b", "1a", "a" * 33]:
+        with pytest.raises(ValueError, match="owner"):
+            reserve(owner)
 
 
 @pytest.mark.parametrize("name", ["#s3/buckets/b", "#stream/meta/a~2Fb", "#x/y/z"])
@@ -49,7 +59,7 @@ def test_malformed_reserved_names_are_refused(name: str, store: SegmentStore) ->
 
 
 def test_a_reserved_name_is_its_own_parent_and_its_transactions_belong_to_it() -> None:
-    upload = s3_state_name("uploads", "u1")
+    upload = NAMES.name("uploads", "u1")
     tx = transaction_name(upload, uuid.uuid4())
     assert parent_of(upload) == upload and not is_internal(upload)
     assert parent_of(tx) == upload and is_internal(tx)
@@ -58,19 +68,19 @@ def test_a_reserved_name_is_its_own_parent_and_its_transactions_belong_to_it() -
 
 
 def test_reserved_names_spread_over_the_containers() -> None:
-    names = [reserved_name("s3", "staging", str(i)) for i in range(64)]
+    names = [NAMES.name("staging", str(i)) for i in range(64)]
     assert len({container_for(n, 8) for n in names}) == 8
-    assert len({container_for(stream_data_segment("s", f"{i:016x}"), 8) for i in range(64)}) == 8
+    assert len({container_for(NAMES.name("data", f"s/{i:016x}"), 8) for i in range(64)}) == 8
 
 
 def test_listings_show_reserved_names_only_to_a_reserved_prefix(store: SegmentStore) -> None:
-    marker = s3_state_name("buckets", "b")
+    marker = NAMES.name("buckets", "b")
     store.create(marker)
     store.create("b/key")
     store.open_transaction(marker)
     assert [i.name for i in store.list("")[0]] == ["b/key"]
     assert [i.name for i in store.list("#")[0]] == [marker]
-    assert [i.name for i in store.list("#s3/buckets/")[0]] == [marker]
+    assert [i.name for i in store.list(NAMES.prefix("buckets"))[0]] == [marker]
     assert store.list(marker)[0][0].name == marker  # its transaction stays hidden
 
 
@@ -78,7 +88,7 @@ def test_idle_reserved_segments_are_not_reaped_but_their_transactions_are(
     make_node: Callable[..., Node],
 ) -> None:
     store = make_node(transaction_timeout_s=0.2).store
-    upload = s3_state_name("uploads", "u1")
+    upload = NAMES.name("uploads", "u1")
     store.create(upload)
     txid = store.open_transaction(upload)
     deadline = time.monotonic() + 5

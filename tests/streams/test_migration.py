@@ -18,11 +18,11 @@ from app import create_app
 from app.streams import migration
 from app.streams.errors import StreamClosed, StreamConflict, StreamGone
 from app.streams.format import format_offset, frame
+from app.streams.names import stream_part
 from app.streams.producers import SEQ_GENERATION_KEY, Producer, producer_keys
 from app.streams.records import StreamConfig, encode_record
 from app.streams.store import StreamStore
 from engine import AttributeUpdate, AttributeUpdateType, SegmentStore, Settings
-from engine.naming import stream_part
 from tests.crashing import crash_everywhere, open_store
 
 REPLACE = AttributeUpdateType.REPLACE

@@ -14,9 +14,10 @@ from urllib.parse import quote
 import pytest
 from flask.testing import FlaskClient
 
+from app.streams.names import STREAM_DATA_PREFIX, STREAM_META_PREFIX, stream_meta_segment
 from app.streams.producers import producer_keys
 from app.streams.store import StreamStore
-from engine import STREAM_DATA_PREFIX, STREAM_META_PREFIX, SegmentStore, Settings, stream_meta_segment
+from engine import SegmentStore, Settings
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"

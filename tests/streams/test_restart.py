@@ -9,8 +9,9 @@ import pytest
 import requests
 
 from app.streams.format import frame
+from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess
-from engine import Settings, stream_meta_segment
+from engine import Settings
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"

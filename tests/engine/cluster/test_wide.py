@@ -22,7 +22,7 @@ from engine import (
     SegmentStore,
     load_settings,
 )
-from engine.naming import container_for, s3_state_name
+from engine.naming import container_for
 
 LEASE_S = 3.0
 CONTAINERS = 4
@@ -133,7 +133,7 @@ def test_a_listing_spans_every_container_from_either_node(
     for name in names:
         _owner(a, b, name).create(name)
     _owner(a, b, names[0]).open_transaction(names[0])  # an internal segment: never listed
-    reserved = s3_state_name("buckets", "wide")
+    reserved = "#test/buckets/wide"
     _owner(a, b, reserved).create(reserved)
     for store in (a, b):
         page, after = store.list("wide/")
@@ -150,7 +150,7 @@ def test_a_listing_spans_every_container_from_either_node(
                 break
             assert after == page[-1].name
         assert seen == sorted(names)
-        assert [i.name for i in store.scan("#s3/buckets/")] == [reserved], "reserved prefixes list their own"
+        assert [i.name for i in store.scan("#test/buckets/")] == [reserved], "reserved prefixes list their own"
         assert all(not i.name.startswith("#") for i in store.scan("")), "reserved names hidden as before"
         here = [i.name for i in store.scan("wide/", here=True)]
         assert here == sorted(n for n in names if container_for(n, CONTAINERS) in store.served_containers())
