@@ -67,10 +67,13 @@ class _Unreachable(Exception):
 class Forwarding:
     """WSGI middleware: a request whose subject's container is served elsewhere goes to its node."""
 
-    def __init__(self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject]) -> None:
+    def __init__(
+        self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject], *, takeover_wait_s: float
+    ) -> None:
         self.app = app
         self.store = store
         self.subjects = tuple(subjects)
+        self.takeover_wait_s = takeover_wait_s
         self.http = requests.Session()
         self.silence_s = _owner_silence_s(store.settings)
 
@@ -82,7 +85,7 @@ class Forwarding:
             return self.app(environ, start_response)
         forwarded = bool(environ.get(_FORWARDED_KEY))
         container = container_for(subject, self.store.settings.container_count)
-        deadline = time.monotonic() + self.store.settings.takeover_wait_s
+        deadline = time.monotonic() + self.takeover_wait_s
         while True:
             if self.store.container_ready(container):
                 return self.app(environ, start_response)

@@ -7,7 +7,7 @@ Durable Streams) live in ``app/``, each mapping its protocol onto these.
 from engine.cluster.peer_service import PeerService
 from engine.cluster.peers import PEER_PATH
 from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
-from engine.config import Settings, load_settings
+from engine.config import Settings, load_settings, read_settings, refuse_negative, refuse_zero, setting_kinds
 from engine.container.composite import (
     AppendStep,
     CreateStep,
@@ -97,7 +97,11 @@ __all__ = [
     "container_for",
     "is_reserved",
     "load_settings",
+    "read_settings",
+    "refuse_negative",
+    "refuse_zero",
     "reserve",
+    "setting_kinds",
     "transaction_name",
     "validate_segment_name",
 ]

@@ -21,22 +21,27 @@ import pytest
 import requests
 from packaging.requirements import Requirement
 
+from app.settings import HttpSettings, load_server_settings
 from bench.servers import ROOT, free_port
-from engine import Settings, load_settings
+from engine import Settings
 
 
 def test_example_config_names_every_setting_and_loads() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    keys = set(tomllib.loads(example.read_text()))
-    assert keys == {f.name for f in fields(Settings)}
-    settings = load_settings({"SEGSTORE_CONFIG": str(example)})
-    assert settings == Settings(**tomllib.loads(example.read_text()))
+    values = tomllib.loads(example.read_text())
+    engine_keys, http_keys = {f.name for f in fields(Settings)}, {f.name for f in fields(HttpSettings)}
+    assert set(values) == engine_keys | http_keys and not engine_keys & http_keys
+    settings, http = load_server_settings({"SEGSTORE_CONFIG": str(example)})
+    assert http == HttpSettings(**{k: v for k, v in values.items() if k in http_keys})
+    engine_values = {k: v for k, v in values.items() if k in engine_keys}
+    assert settings == Settings(**engine_values | {"advertise_url": f"http://{http.bind}"})
 
 
 def test_environment_overrides_the_config_file() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    settings = load_settings({"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"})
-    assert settings.bind == "127.0.0.1:9999"
+    env = {"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"}
+    settings, http = load_server_settings(env)
+    assert http.bind == "127.0.0.1:9999" and settings.node_url == "http://127.0.0.1:9999"
 
 
 def procfile_web() -> str:

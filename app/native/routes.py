@@ -29,6 +29,7 @@ from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
 from app.native import append_shortcut, params, read_shortcut
 from app.native.sse import event_stream_response, wants_event_stream
+from app.settings import HttpSettings
 from engine import (
     ATTRIBUTES_PER_REQUEST_MAX,
     AppendResult,
@@ -169,7 +170,8 @@ def read(name: str) -> Response:
         resume = params.last_event_id(request)
         start = resume if resume is not None else offset
         first = store().read(name, start)
-        return event_stream_response(store(), name, first, settings.sse_wait_s)
+        http: HttpSettings = current_app.extensions["segstore.http"]
+        return event_stream_response(store(), name, first, http.sse_wait_s(settings))
     if byte_range is not None:
         offset, length = byte_range
         if offset is None:  # the last ``length`` bytes (of what is still readable)

@@ -20,6 +20,7 @@ from werkzeug.routing import BaseConverter
 
 from app import auth, inputs
 from app.errors import problem, render_segstore_error
+from app.settings import HttpSettings
 from app.streams.append_shortcut import StreamAppendShortcut
 from app.streams.errors import StreamClosed
 from app.streams.format import is_json, validate_expires_at
@@ -69,7 +70,8 @@ def init_app(app: Flask, store: SegmentStore) -> None:
 
     Plain appends take the WSGI shortcut (``StreamAppendShortcut``) in front of Flask.
     """
-    streams = StreamStore(store, reap_interval_s=store.settings.stream_reap_interval_s)
+    http: HttpSettings = app.extensions["segstore.http"]
+    streams = StreamStore(store, reap_interval_s=http.stream_reap_interval_s)
     streams.start()
     app.extensions["streams"] = streams
     app.register_blueprint(bp)
@@ -131,8 +133,8 @@ def _etag(name: str, start: str, result: StreamRead) -> str:
 
 
 def _long_poll_s() -> float:
-    settings = current_app.extensions["segstore"].settings
-    return min(settings.stream_long_poll_s, settings.tail_wait_max_s)
+    http: HttpSettings = current_app.extensions["segstore.http"]
+    return min(http.stream_long_poll_s, current_app.extensions["segstore"].settings.tail_wait_max_s)
 
 
 # --------------------------------------------------------------- handlers

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from app import create_app
+from app.settings import HttpSettings
 from engine import SegmentStore, Settings
 from tests.app.openapi_check import check_response
 
@@ -31,15 +31,19 @@ def settings(tmp_path: Path) -> Settings:
         max_append_bytes=MAX_APPEND_BYTES,
         max_read_bytes=MAX_READ_BYTES,
         tail_wait_max_s=TAIL_WAIT_MAX_S,
-        sse_keepalive_s=SSE_KEEPALIVE_S,
         flush_threshold_ms=50,
     )
 
 
 @pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
+def http() -> HttpSettings:
+    return HttpSettings(sse_keepalive_s=SSE_KEEPALIVE_S)
+
+
+@pytest.fixture
+def app(settings: Settings, http: HttpSettings) -> Iterator[Flask]:
     """The app with its store recovered; the store is closed after the test."""
-    flask_app = create_app(settings)
+    flask_app = create_app(settings, http)
     store: SegmentStore = flask_app.extensions["segstore"]
     try:
         store.wait_ready(30)
@@ -52,12 +56,12 @@ WRITER_TOKEN = "writer-token-0123456789abcdef"
 
 
 @pytest.fixture
-def auth_client(settings: Settings, tmp_path: Path) -> Iterator[FlaskClient]:
+def auth_client(settings: Settings, http: HttpSettings, tmp_path: Path) -> Iterator[FlaskClient]:
     """A client of an app with native auth on and one token, ``WRITER_TOKEN``, that may write anything."""
     auth_file = tmp_path / "auth.toml"
     grants = 'grants = [{prefix = "", access = "write"}]'
     auth_file.write_text(f'[[token]]\nname = "w"\ntoken = "{WRITER_TOKEN}"\n{grants}\n')
-    flask_app = create_app(replace(settings, auth_file=str(auth_file)))
+    flask_app = create_app(settings, http.replace(auth_file=str(auth_file)))
     store: SegmentStore = flask_app.extensions["segstore"]
     try:
         store.wait_ready(30)

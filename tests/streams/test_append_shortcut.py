@@ -7,7 +7,6 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from flask import Flask, request, request_started
 from flask.testing import FlaskClient
 
 from engine import Settings
-from tests.streams.conftest import close_app, open_app
+from tests.streams.conftest import HTTP, close_app, open_app
 from tests.streams.test_protocol import URL, post, put
 
 
@@ -120,7 +119,7 @@ def test_with_native_auth_on_appends_go_through_flasks_checks(settings: Settings
     auth_file = tmp_path / "auth.toml"
     grants = 'grants = [{prefix = "", access = "write"}]'
     auth_file.write_text(f'[[token]]\nname = "w"\ntoken = "{token}"\n{grants}\n')
-    app = open_app(replace(settings, auth_file=str(auth_file)))
+    app = open_app(settings, HTTP.replace(auth_file=str(auth_file)))
     try:
         client = app.test_client()
         granted = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}

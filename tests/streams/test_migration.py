@@ -24,6 +24,7 @@ from app.streams.records import StreamConfig, encode_record
 from app.streams.store import StreamStore
 from engine import AttributeUpdate, AttributeUpdateType, SegmentStore, Settings
 from tests.crashing import crash_everywhere, open_store
+from tests.streams.conftest import HTTP
 
 REPLACE = AttributeUpdateType.REPLACE
 FIRST = frame(b"m1")
@@ -144,7 +145,7 @@ def test_an_old_data_folder_serves_its_streams_over_http(tmp_path: Path) -> None
     store = open_store(settings)
     build_old_layout(store)
     store.close()
-    app = create_app(settings)
+    app = create_app(settings, HTTP)
     try:
         app.extensions["segstore"].wait_ready(30)
         client = app.test_client()

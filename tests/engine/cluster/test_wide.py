@@ -150,7 +150,7 @@ def test_a_listing_spans_every_container_from_either_node(
                 break
             assert after == page[-1].name
         assert seen == sorted(names)
-        assert [i.name for i in store.scan("#test/buckets/")] == [reserved], "reserved prefixes list their own"
+        assert [i.name for i in store.scan("#test/buckets/")] == [reserved], "reserved prefixes list theirs"
         assert all(not i.name.startswith("#") for i in store.scan("")), "reserved names hidden as before"
         here = [i.name for i in store.scan("wide/", here=True)]
         assert here == sorted(n for n in names if container_for(n, CONTAINERS) in store.served_containers())
