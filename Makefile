@@ -42,6 +42,7 @@ cluster: $(VENV)/.s3
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -q

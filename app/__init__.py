@@ -14,6 +14,7 @@ Nothing is built at import time.
 from __future__ import annotations
 
 from flask import Flask, Response
+from flask.json.provider import DefaultJSONProvider
 
 from app.settings import HttpSettings, load_server_settings
 from engine import SegmentStore, Settings
@@ -37,7 +38,9 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         http = http or loaded
     http = http or HttpSettings()
     app = Flask(__name__)
-    app.json.sort_keys = False
+    json = DefaultJSONProvider(app)
+    json.sort_keys = False  # answers list their fields in the order the docs give them
+    app.json = json
     store = SegmentStore(settings)
     store.start()
     app.extensions["segstore"] = store

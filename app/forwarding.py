@@ -151,7 +151,7 @@ def _owner_silence_s(settings: Settings) -> float:
     return settings.tail_wait_max_s + settings.lease_s
 
 
-def _refused(err: requests.ConnectionError) -> bool:
+def _refused(err: requests.RequestException) -> bool:
     """Whether the connection itself failed (nothing was sent), not the request on it."""
     reason = getattr(err.args[0], "reason", None) if err.args else None
     return isinstance(reason, NewConnectionError)

@@ -92,7 +92,7 @@ class _ChunkedInput:
 
 def _bound(stream: Any, limit: int) -> None:
     """Give gunicorn's chunked body the bounded decoder, if nothing has been read from it yet."""
-    reader = getattr(stream, "reader", None)
+    reader: Any = getattr(stream, "reader", None)  # gunicorn's body reader (gunicorn ships no types)
     if (
         isinstance(stream, Body)
         and type(reader) is ChunkedReader

@@ -27,11 +27,13 @@ connection error follows the rules above.
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
+import functools
 import json as jsonlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -349,8 +351,9 @@ class SegmentClient:
                 headers={"Accept": sse.MEDIA_TYPE},
                 stream=True,
             )
+            read = functools.partial(response.raw.read1, _LIVE_READ_BYTES)
             try:
-                for kind, event_id, data in sse.events(lambda r=response: r.raw.read1(_LIVE_READ_BYTES)):
+                for kind, event_id, data in sse.events(read):
                     if kind == "sealed":
                         return
                     if kind == "data" and event_id is not None:
@@ -448,20 +451,20 @@ class SegmentClient:
 
     # -- partitions and attributes -----------------------------------------------------------
 
-    def partitions(self, name: str, target_bytes: int | None = None) -> list[tuple[int, int]]:
+    def partitions(self, name: str, target_bytes: int | None = None) -> builtins.list[tuple[int, int]]:
         """Contiguous ``(start, end)`` ranges covering the readable bytes, each on an append boundary."""
         params = {} if target_bytes is None else {"target_bytes": target_bytes}
         path = segment_path(name) + ":partitions"
         body = self._request("GET", path, safe_to_resend=True, params=params).json()
         return [(int(p["start"]), int(p["end"])) for p in body["partitions"]]
 
-    def get_attributes(self, name: str, keys: list[uuid.UUID | str]) -> dict[str, int | None]:
+    def get_attributes(self, name: str, keys: Sequence[uuid.UUID | str]) -> dict[str, int | None]:
         """The values of attribute ``keys`` (UUIDs) on the segment; ``None`` where unset."""
         path = segment_path(name) + ":attributes"
         params = {"keys": ",".join(str(k) for k in keys)}
         return self._request("GET", path, safe_to_resend=True, params=params).json()["attributes"]
 
-    def update_attributes(self, name: str, updates: list[AttributeUpdate]) -> None:
+    def update_attributes(self, name: str, updates: builtins.list[AttributeUpdate]) -> None:
         """Apply ``updates`` atomically, all or none; a failed condition raises ``ConditionalCheckFailed``.
 
         Resent after a lost answer only when every update is idempotent

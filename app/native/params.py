@@ -295,8 +295,9 @@ def attribute_updates(body: dict[str, Any]) -> list[AttributeUpdate]:
         key = item.get("key")
         if not isinstance(key, str):
             raise InvalidArgument(f"{where}.key must be a UUID string")
+        kind_name = item.get("type")
         try:
-            kind = AttributeUpdateType(item.get("type"))
+            kind = AttributeUpdateType(kind_name if isinstance(kind_name, str) else "")
         except ValueError:
             known = ", ".join(t.value for t in AttributeUpdateType)
             got = json.dumps(item.get("type"))[:60]

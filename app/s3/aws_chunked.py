@@ -28,7 +28,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import IO
 
 from flask import Request
 
@@ -49,7 +49,7 @@ _READ_BYTES = 256 * 1024
 class _Chunks:
     """The decoded bytes of an ``aws-chunked`` body, chunk signatures checked as they arrive."""
 
-    def __init__(self, stream: BinaryIO, signing: Signing | None, signed: bool) -> None:
+    def __init__(self, stream: IO[bytes], signing: Signing | None, signed: bool) -> None:
         self.stream = stream
         self.signing = signing
         self.signed = signed
@@ -160,7 +160,7 @@ class Body:
             if signed and signing is None:
                 raise S3Error("InvalidRequest", f"{payload} needs a signed request")
             self.chunks: _Chunks | None = _Chunks(req.stream, signing, signed)
-            self.source = self.chunks
+            self.source: _Chunks | IO[bytes] = self.chunks
         else:
             self.declared = req.content_length
             self.chunks = None

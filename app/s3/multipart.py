@@ -299,7 +299,7 @@ def complete(
         tx = transaction_name(upload, part.txid)
         before += [SealStep(tx), MergeStep(upload, tx)]
     record = functools.partial(_completion_line, bucket, key, stored, target)
-    after = [CreateStep(completed_name(upload_id)), AppendStep(completed_name(upload_id), record),
+    after: list[Step] = [CreateStep(completed_name(upload_id)), AppendStep(completed_name(upload_id), record),
              DeleteStep(parts_name(upload_id))]  # fmt: skip
     try:
         objects.publish(
@@ -325,7 +325,9 @@ def _completion_line(
     bucket: str, key: str, stored: Stored, target: str, info_of: Callable[[str], SegmentInfo]
 ) -> bytes:
     """The completion record: what the Complete answered, and the object it made (its segment id)."""
-    record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
+    record: dict[str, object] = {
+        "bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum,
+    }  # fmt: skip
     record["id"] = info_of(target).segment_id
     return json.dumps(record, ensure_ascii=False).encode()
 

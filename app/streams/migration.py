@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 
@@ -110,7 +109,8 @@ def data_segment_beside(store: SegmentStore, old_data: str) -> str:
     """
     escaped, _, incarnation = old_data.removeprefix(LEGACY_STREAM_DATA_PREFIX).rpartition("/")
     home = store.container_of(old_data)
-    for n in itertools.count():  # ends: about one name in container_count fits
+    n = 0
+    while True:  # ends: about one name in container_count fits
         if n:
             seed = f"{incarnation}/{n}".encode()
             incarnation_n = hashlib.blake2b(seed, digest_size=len(incarnation) // 2 or 1).hexdigest()
@@ -119,6 +119,7 @@ def data_segment_beside(store: SegmentStore, old_data: str) -> str:
         candidate = f"{STREAM_DATA_PREFIX}{escaped}/{incarnation_n}"
         if store.container_of(candidate) == home:
             return candidate
+        n += 1
 
 
 def _fork(store: SegmentStore, old: str, new: str) -> None:

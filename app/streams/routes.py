@@ -293,7 +293,7 @@ def _producer() -> Producer | None:
     given = [v is not None for v in (pid, epoch, seq)]
     if not any(given):
         return None
-    if not all(given):
+    if pid is None or epoch is None or seq is None:
         raise _bad("Producer-Id, Producer-Epoch and Producer-Seq go together")
     if pid == "":
         raise _bad("Producer-Id must not be empty")

@@ -64,9 +64,14 @@ class PendingWrite:
 class DurableDataLog(Protocol):
     """Append-only, durable, truncatable log of writes."""
 
-    max_writes_in_flight: int
-    cooperative: bool
-    cooperative_write: bool
+    @property
+    def max_writes_in_flight(self) -> int: ...
+
+    @property
+    def cooperative(self) -> bool: ...
+
+    @property
+    def cooperative_write(self) -> bool: ...
 
     def recover(self) -> Iterator[Batch]:
         """Yield every whole write still in the log, oldest first; cut off a torn tail."""

@@ -78,8 +78,8 @@ class MetadataUpdater:
     def __init__(self, base: ContainerMetadata, parent: MetadataUpdater | None = None) -> None:
         self.base = base
         self.parent = parent
-        self.seq = base.seq if parent is None else parent.seq
-        self.next_segment_id = base.next_segment_id if parent is None else parent.next_segment_id
+        self.seq: int = base.seq if parent is None else parent.seq
+        self.next_segment_id: int = base.next_segment_id if parent is None else parent.next_segment_id
         self._segments: dict[int, SegmentMetadata] = {}
         self._names: dict[str, int | None] = {}
 

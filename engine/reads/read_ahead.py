@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 
+from engine.tier2.chunk_storage import Pieces
+
 # A read-ahead whose reader has not moved for this long ends (and closes its Tier 2 stream).
 _READ_AHEAD_IDLE_S = 10.0
 # How long a reader waits for a read-ahead that is about to bring its bytes.
@@ -79,7 +81,7 @@ class PrefetchedStream:
     the stream wanted. At most one piece is held before ``pieces`` is read.
     """
 
-    def __init__(self, key: tuple[str, int, int], stream: Iterator[bytes]) -> None:
+    def __init__(self, key: tuple[str, int, int], stream: Pieces) -> None:
         self.key = key
         self._stream = stream
         self._first: Future[bytes | None] = Future()

@@ -11,6 +11,7 @@ refused, never silently short.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
@@ -79,7 +80,7 @@ class ClusterWide:
         page = found[:limit]
         return page, (page[-1].name if len(found) > limit else None)
 
-    def heads(self, names: list[str], max_length: int | None) -> dict[str, bytes | None]:
+    def heads(self, names: builtins.list[str], max_length: int | None) -> dict[str, bytes | None]:
         """``SegmentStore.heads`` over the whole cluster: one call per other node."""
         count = self.store.settings.container_count
         by_container: dict[int, list[str]] = {}

@@ -13,6 +13,7 @@ and a name whose container another node serves is answered there
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from collections.abc import Iterable
@@ -339,7 +340,7 @@ class ContainerHosting:
 
     def list_served(
         self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
-    ) -> list[SegmentInfo]:
+    ) -> builtins.list[SegmentInfo]:
         """The first ``limit`` segments ``list`` shows of ``containers``.
 
         Each must be served here, else ContainerNotReady.

@@ -83,7 +83,7 @@ class _Job:
 
     __slots__ = ("error", "undo", "write", "writer")
 
-    def __init__(self, write: Callable[[], int], undo: Callable[[], None], writer: object) -> None:
+    def __init__(self, write: Callable[[], int], undo: Callable[[], None], writer: int) -> None:
         self.write = write
         self.undo = undo
         self.writer = writer

@@ -38,7 +38,7 @@ import bisect
 import itertools
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from engine import naming
@@ -49,6 +49,7 @@ from engine.tier2.chunk_storage import (
     ChunkNotFound,
     ChunkStorage,
     ChunkStorageError,
+    Pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ class ChunkedSegmentStorage:
             index += 1
         return b"".join(parts)
 
-    def stream(self, chunk: ChunkRef, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def stream(self, chunk: ChunkRef, offset: int, length: int, piece_bytes: int) -> Pieces:
         """``length`` bytes of one chunk from segment offset ``offset``, as they arrive, in pieces."""
         assert chunk.start <= offset and offset + length <= chunk.end, (chunk, offset, length)
         handle = ChunkHandle(chunk.name, read_only=True)

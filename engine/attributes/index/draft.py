@@ -7,6 +7,8 @@ A draft is a ``Leaf`` or a ``DraftBranch`` whose children are kept pages
 
 from __future__ import annotations
 
+from typing import final
+
 from engine.attributes.index.page import (
     INDEX_ENTRY_BYTES,
     LEAF_ENTRY_BYTES,
@@ -21,6 +23,7 @@ Ptr = tuple[int, int, int]
 INF = float("inf")
 
 
+@final
 class DraftBranch:
     """An index node being planned: its children are either kept pages (Ptr) or drafts."""
 
@@ -43,10 +46,10 @@ def kids_of(node: Branch | DraftBranch) -> list[Kid]:
 
 def concat(a: Node | Draft, b: Node | Draft) -> Draft:
     """One draft holding the entries of ``a`` then those of ``b``, its right neighbour."""
-    assert type(a) is type(b) or Leaf not in (type(a), type(b)), "merged nodes of two kinds"
     assert a.keys[-1] < b.keys[0], "merged nodes overlap"
-    if type(a) is Leaf:
+    if type(a) is Leaf and type(b) is Leaf:
         return Leaf(a.keys + b.keys, a.values + b.values)
+    assert type(a) is not Leaf and type(b) is not Leaf, "merged nodes of two kinds"
     return DraftBranch(a.keys + b.keys, kids_of(a) + kids_of(b))
 
 
@@ -54,7 +57,7 @@ def draft_bytes(draft: Draft) -> int:
     """The bytes the pages of ``draft`` and the drafts under it will take."""
     if type(draft) is Leaf:
         return OVERHEAD_BYTES + len(draft.keys) * LEAF_ENTRY_BYTES
-    below = sum(draft_bytes(kid) for kid in draft.kids if type(kid) is not tuple)
+    below = sum(draft_bytes(kid) for kid in draft.kids if not isinstance(kid, tuple))
     return OVERHEAD_BYTES + len(draft.kids) * INDEX_ENTRY_BYTES + below
 
 
@@ -62,4 +65,4 @@ def lowest_kept(draft: Draft) -> float:
     """The lowest offset of a kept page under ``draft`` (infinity if it keeps none)."""
     if type(draft) is Leaf:
         return INF
-    return min(kid[2] if type(kid) is tuple else lowest_kept(kid) for kid in draft.kids)
+    return min(kid[2] if isinstance(kid, tuple) else lowest_kept(kid) for kid in draft.kids)

@@ -34,6 +34,7 @@ import struct
 import sys
 from array import array
 from functools import cache
+from typing import final
 
 import crc32c
 
@@ -71,6 +72,7 @@ def index_capacity(node_max_bytes: int) -> int:
     return (node_max_bytes - OVERHEAD_BYTES) // INDEX_ENTRY_BYTES
 
 
+@final
 class Leaf:
     """A leaf node: sorted keys and their int64 values. Never changed once built.
 
@@ -101,6 +103,7 @@ class Leaf:
         return _NODE_MEMORY_BYTES + len(self.keys) * (_KEY_MEMORY_BYTES + KEY_BYTES + 8)
 
 
+@final
 class Branch:
     """An index node: separator keys and, per child, its page offset, length and subtree minimum."""
 
@@ -135,7 +138,7 @@ def encode_leaf(leaf: Leaf, offset: int) -> bytes:
 
 def encode_branch(branch: Branch, offset: int) -> bytes:
     """The page of ``branch`` written at ``offset``."""
-    columns = (branch.offsets, branch.lengths, branch.mins)
+    columns: tuple[array, ...] = (branch.offsets, branch.lengths, branch.mins)
     if _SWAP:
         columns = tuple(_swapped(c) for c in columns)
     return _seal(HEADER.pack(MAGIC, VERSION, INDEX, len(branch.keys), offset), branch.key_bytes, *columns)

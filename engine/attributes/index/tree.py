@@ -311,18 +311,18 @@ class AttributeIndex:
         p = 0
         while p < len(kids) and len(kids) > 1:
             kid = kids[p]
-            if type(kid) is tuple or len(kid.keys) >= self._min(kid):
+            if isinstance(kid, tuple) or len(kid.keys) >= self._min(kid):
                 p += 1
                 continue
             last = p == len(kids) - 1
             left = p - 1 if last else p
             other = kids[p - 1 if last else p + 1]
-            other_node = self._fetch(other[0], other[1]) if type(other) is tuple else other
+            other_node = self._fetch(other[0], other[1]) if isinstance(other, tuple) else other
             a, b = (other_node, kid) if last else (kid, other_node)
             total = len(a.keys) + len(b.keys)
             if total > self._capacity(kid) and last and rightmost:
                 break
-            if type(other) is tuple:
+            if isinstance(other, tuple):
                 replaced.append(other[0])
             merged = concat(a, b)
             if type(merged) is DraftBranch:
@@ -376,10 +376,10 @@ class AttributeIndex:
     def _collapse(self, top: Kid | None, replaced: list[int]) -> Kid | None:
         """The root without index levels of a single child."""
         while top is not None:
-            node = self._fetch(top[0], top[1]) if type(top) is tuple else top
+            node = self._fetch(top[0], top[1]) if isinstance(top, tuple) else top
             if type(node) is Leaf or len(node.keys) > 1:
                 return top
-            if type(top) is tuple:
+            if isinstance(top, tuple):
                 replaced.append(top[0])
             top = kids_of(node)[0]
         return None
@@ -391,7 +391,7 @@ class AttributeIndex:
         moved stay under ``compaction_ratio`` of the bytes the batch itself
         rewrites.
         """
-        if type(top) is tuple:
+        if isinstance(top, tuple):
             top = self._draft_of(top, replaced)
         budget = self.compaction_ratio * draft_bytes(top)
         moved = 0
@@ -409,17 +409,18 @@ class AttributeIndex:
         node = top
         while type(node) is DraftBranch:
             kids = node.kids
-            lows = [kid[2] if type(kid) is tuple else lowest_kept(kid) for kid in kids]
+            lows = [kid[2] if isinstance(kid, tuple) else lowest_kept(kid) for kid in kids]
             low = min(lows)
             if low == INF:
                 return 0
             best = lows.index(low)
             kid = kids[best]
-            if type(kid) is tuple:
-                kids[best] = self._draft_of(kid, replaced)
-                if kid[0] == kid[2]:
-                    return kid[1]
-            node = kids[best]
+            if isinstance(kid, tuple):
+                ptr, kid = kid, self._draft_of(kid, replaced)
+                kids[best] = kid
+                if ptr[0] == ptr[2]:
+                    return ptr[1]
+            node = kid
         return 0
 
     def _draft_of(self, ptr: Ptr, replaced: list[int]) -> Draft:
@@ -438,7 +439,7 @@ class AttributeIndex:
 
         def emit(kid: Kid) -> Ptr:
             nonlocal at
-            if type(kid) is tuple:
+            if isinstance(kid, tuple):
                 assert kid[2] <= kid[0] < base, f"kept page {kid} not below {base}"
                 return kid
             node: Node
@@ -449,7 +450,7 @@ class AttributeIndex:
                 data = encode_leaf(kid, at)
                 ptr = (at, len(data), at)
             else:
-                ptrs = [k if type(k) is tuple else emit(k) for k in kid.kids]
+                ptrs = [k if isinstance(k, tuple) else emit(k) for k in kid.kids]
                 assert 0 < len(ptrs) == len(kid.keys) <= self._index_capacity, f"index of {len(ptrs)}"
                 assert strictly_sorted(kid.keys), "index keys out of order"
                 offsets, lengths, mins = zip(*ptrs, strict=True)
