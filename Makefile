@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test lint bench clean s3-deps spark-deps
+.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ lint: $(VENV)/.test
 
 test: lint
 	$(BIN)/pytest -q
+
+# The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -q -m "not process" -n 2
 
 bench: $(VENV)/.serve
 	$(BIN)/python -m bench.appends

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
 from bench.servers import ServerProcess, cluster_node_env, free_port
+from tests.polling import wait_until
 
 LEASE_S = 3
 CONTAINERS = 4
@@ -19,14 +19,6 @@ TIMEOUT_S = 10
 def cluster_map(url: str) -> dict:
     return requests.get(f"{url}/v1/cluster", timeout=TIMEOUT_S).json()
 
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def owners(url: str) -> list[str | None]:
@@ -43,7 +35,7 @@ def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[s
         for server in servers.values():
             server.start()
         a = servers["a"].url
-        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        wait_until(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], "two containers each", 30)
         yield servers
     finally:
         for server in servers.values():

@@ -33,9 +33,10 @@ from app.streams.names import STREAMS, stream_meta_segment
 from bench.servers import ServerProcess, cluster_node_env, free_port
 from engine import ReservedNames
 from engine.naming import container_for
+from tests.polling import wait_until
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 from tests.s3.test_uploads import _chunk_signature, _signed_headers
-from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners, wait_for
+from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +60,10 @@ def cluster(
         for server in servers.values():
             server.start()
         a = servers["a"].url
-        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        wait_until(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], "two containers each", 30)
         for server in servers.values():
-            wait_for(lambda s=server: requests.get(f"{s.url}/healthz", timeout=TIMEOUT_S).ok, 30, "recovered")
+            healthy = f"{server.url}/healthz"
+            wait_until(lambda h=healthy: requests.get(h, timeout=TIMEOUT_S).ok, "recovered", 30)
         yield servers
     finally:
         for server in servers.values():

@@ -27,7 +27,8 @@ from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess
 from engine.naming import container_for
 from tests import cluster_fixtures
-from tests.cluster_fixtures import CONTAINERS, TIMEOUT_S, owners, wait_for
+from tests.cluster_fixtures import CONTAINERS, TIMEOUT_S, owners
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 nodes = cluster_fixtures.nodes
@@ -38,7 +39,7 @@ def serving(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
     """The two nodes once each has recovered the containers it holds."""
     for server in nodes.values():
         healthy = lambda url=server.url: requests.get(f"{url}/healthz", timeout=TIMEOUT_S).ok  # noqa: E731
-        wait_for(healthy, 30, f"{server.url} serving its containers")
+        wait_until(healthy, f"{server.url} serving its containers", 30)
     return nodes
 
 
@@ -230,12 +231,12 @@ def test_forks_copy_across_nodes_and_each_reaper_expires_its_own(
     for node, name in expiring.items():
         assert stream_meta_segment(name) in metas(node)
     for node, name in expiring.items():  # nobody touches them: only each node's reaper can take them
-        wait_for(lambda n=node, s=name: stream_meta_segment(s) not in metas(n), 30, f"{node}'s reaper")
+        wait_until(lambda n=node, s=name: stream_meta_segment(s) not in metas(n), f"{node}'s reaper", 30)
     assert stream_meta_segment(source) in metas("b") and stream_meta_segment(fork) in metas("a")
 
     nodes["a"].kill()  # b takes a's containers over, and loads their streams as it starts serving them
-    wait_for(lambda: owners(urls["b"]) == ["b"] * CONTAINERS, 30, "b serving every container")
+    wait_until(lambda: owners(urls["b"]) == ["b"] * CONTAINERS, "b serving every container", 30)
     on_b_fork = f"{urls['b']}/v1/stream/{fork}"
     served_by_b = lambda: requests.head(on_b_fork, timeout=TIMEOUT_S).status_code == 200  # noqa: E731
-    wait_for(served_by_b, 30, "the fork served by b")
+    wait_until(served_by_b, "the fork served by b", 30)
     assert requests.get(on_b_fork, params={"offset": "-1"}, timeout=TIMEOUT_S).content == b"one;two;fork;"

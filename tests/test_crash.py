@@ -38,7 +38,7 @@ from bench.servers import ServerProcess
 from engine import load_settings
 from engine.naming import parse_log_file_name, tier1_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 SEGMENTS = ("crash/a", "crash/b/0", "crash/c")
 WRITERS = 6

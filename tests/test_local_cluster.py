@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.local_cluster import cluster_map, wait_for
+from bench.local_cluster import cluster_map
 from bench.servers import ROOT
+from tests.polling import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def _children(pid: int) -> list[int]:
@@ -52,8 +53,8 @@ def test_the_launcher_runs_three_nodes_sharing_containers_and_ctrl_c_leaves_noth
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout or []), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any(line.startswith("containers by node:") for line in lines), 150,
-                 "the containers spread over the nodes")
+        spread = "the containers spread over the nodes"
+        wait_until(lambda: any(line.startswith("containers by node:") for line in lines), spread, 150)
         urls = dict(re.findall(r"^node (\w): (http://\S+)", "".join(lines), re.MULTILINE))
         assert sorted(urls) == ["a", "b", "c"], lines
         assert any(line.startswith("S3 (moto): http://127.0.0.1:") for line in lines)
@@ -78,7 +79,7 @@ def test_the_launcher_runs_three_nodes_sharing_containers_and_ctrl_c_leaves_noth
     assert launcher.stdout is not None
     launcher.stdout.close()
     assert lines[-1].strip() == "stopped", lines
-    wait_for(lambda: all(_group_gone(pid) for pid in servers), 30, "every server's processes gone")
+    wait_until(lambda: all(_group_gone(pid) for pid in servers), "every server's processes gone", 30)
     for url in urls.values():
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{url}/healthz", timeout=5)

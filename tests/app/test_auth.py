@@ -75,9 +75,9 @@ READS = [
     ("HEAD", "/v1/segments/r/seg"),
     ("GET", "/v1/segments/r/seg?offset=4&wait=0.1"),
     ("GET", "/v1/segments/r/seg:info"),
-    ("GET", f"/v1/segments/r/seg:writers/{uuid.uuid4()}"),
+    ("GET", f"/v1/segments/r/seg:writers/{uuid.UUID(int=1)}"),
     ("GET", "/v1/segments/r/seg:partitions"),
-    ("GET", f"/v1/segments/r/seg:attributes?keys={uuid.uuid4()}"),
+    ("GET", f"/v1/segments/r/seg:attributes?keys={uuid.UUID(int=2)}"),
 ]
 WRITES = [
     ("POST", "/v1/segments/r/seg"),
@@ -86,9 +86,9 @@ WRITES = [
     ("POST", "/v1/segments/r/seg:seal"),
     ("POST", "/v1/segments/r/seg:truncate"),
     ("POST", "/v1/segments/r/seg:transactions"),
-    ("POST", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}"),
-    ("DELETE", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}"),
-    ("POST", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}/commit"),
+    ("POST", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=3)}"),
+    ("DELETE", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=4)}"),
+    ("POST", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=5)}/commit"),
     ("POST", "/v1/segments/r/seg:attributes"),
     ("POST", "/v1/segments/r/seg:merge"),
 ]

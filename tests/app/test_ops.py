@@ -19,7 +19,7 @@ from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.local import LocalChunkStorage
 from tests.app.helpers import assert_problem
 from tests.app.openapi_check import check_response
-from tests.engine.conftest import wait_until
+from tests.polling import wait_until
 
 
 def test_healthz_lists_each_running_container(client: FlaskClient) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from engine.tier1.memory_log import MemoryDataLog
 from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
+from tests.polling import wait_until
 
 # Small limits: frames of 4 KiB, tiny log files, a writer that flushes within 20 ms.
 SMALL: dict[str, Any] = {
@@ -37,14 +37,6 @@ SMALL: dict[str, Any] = {
 def small_settings(data_dir: Path | str = "unused", **overrides: Any) -> Settings:
     return Settings(data_dir=str(data_dir), **{**SMALL, **overrides})
 
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0, what: str = "") -> None:
-    """Poll ``predicate`` until it is true; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or predicate}")
-        time.sleep(0.002)
 
 
 def logged_operations(data_log: MemoryDataLog) -> list[ops.Operation]:

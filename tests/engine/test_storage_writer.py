@@ -19,7 +19,8 @@ from engine.naming import parse_chunk_name, parse_log_file_name, tier1_dir
 from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage
 from engine.tier2.local import LocalChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
-from tests.engine.conftest import Node, leads_with_checkpoint, logged_operations, small_settings, wait_until
+from tests.engine.conftest import Node, leads_with_checkpoint, logged_operations, small_settings
+from tests.polling import wait_until
 
 W = uuid.UUID(int=3)
 

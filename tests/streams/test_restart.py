@@ -49,6 +49,7 @@ def test_state_is_loaded_again_after_a_restart(settings: Settings) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_acknowledged_appends_survive_kill_9(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     url = server.url + URL + "crash"

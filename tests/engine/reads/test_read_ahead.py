@@ -9,7 +9,7 @@ import pytest
 
 from engine.reads.read_ahead import PrefetchedStream
 from engine.tier2.chunk_storage import ChunkNotFound
-from tests.engine.conftest import wait_until
+from tests.polling import wait_until
 
 
 class Recorded:

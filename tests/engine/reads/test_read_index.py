@@ -24,7 +24,8 @@ from engine.reads.cache import Cache
 from engine.reads.read_index import ReadIndex
 from engine.tier2.chunked_segment_storage import ChunkRef
 from engine.tier2.memory import MemoryChunkStorage
-from tests.engine.conftest import Node, wait_until
+from tests.engine.conftest import Node
+from tests.polling import wait_until
 
 
 def test_reads_at_offsets_and_lengths(store: SegmentStore) -> None:

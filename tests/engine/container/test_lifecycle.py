@@ -20,7 +20,8 @@ from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
 from engine.container import state
 from engine.tier2.chunk_storage import ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
 from engine.tier2.memory import MemoryChunkStorage
-from tests.engine.conftest import Node, small_settings, wait_until
+from tests.engine.conftest import Node, small_settings
+from tests.polling import wait_until
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 

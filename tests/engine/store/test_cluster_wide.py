@@ -7,8 +7,7 @@ client's decoding, errors included, so only the HTTP hop is left out.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from engine import (
     load_settings,
 )
 from engine.naming import container_for
+from tests.polling import wait_until
 
 LEASE_S = 3.0
 CONTAINERS = 4
@@ -46,14 +46,6 @@ class LocalTransport:
         status, body = service.answer(op, json.dumps(doc).encode())
         return status, json.loads(body)
 
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -88,7 +80,7 @@ def pair(
         return all(len(c) == 2 for c in served) and all(len(v) == CONTAINERS for v in views)
 
     try:
-        _wait(settled, 30, "two containers each, seen by both")
+        wait_until(settled, "two containers each, seen by both", 30)
         yield a, b, transport
     finally:
         for store in stores:

@@ -11,7 +11,8 @@ from engine import AttributeUpdate, AttributeUpdateType, ConditionalCheckFailed
 from engine.metadata import operations as ops
 from engine.metadata.container_metadata import SegmentMetadata
 from engine.storage_writer import ATTRIBUTE_MEMORY_BYTES
-from tests.engine.conftest import Node, logged_operations, wait_until
+from tests.engine.conftest import Node, logged_operations
+from tests.polling import wait_until
 
 T = AttributeUpdateType
 KEYS = [uuid.UUID(int=i + 1) for i in range(40)]

@@ -18,7 +18,8 @@ from engine import (
 )
 from engine.metadata import operations as ops
 from engine.naming import container_for, transaction_name
-from tests.engine.conftest import Node, wait_until
+from tests.engine.conftest import Node
+from tests.polling import wait_until
 
 W = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 

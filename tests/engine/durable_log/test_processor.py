@@ -30,7 +30,8 @@ from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageError
 from engine.tier2.memory import MemoryChunkStorage
-from tests.engine.conftest import small_settings, wait_until
+from tests.engine.conftest import small_settings
+from tests.polling import wait_until
 
 W = uuid.UUID(int=7)
 

@@ -31,7 +31,9 @@ FRAME = 4096
 Opener = Callable[[], DurableDataLog]
 
 
-@pytest.fixture(params=["file", "memory", "objects-memory", "objects-s3"])
+@pytest.fixture(
+    params=["file", "memory", "objects-memory", pytest.param("objects-s3", marks=pytest.mark.process)]
+)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     """A function that opens the same log again, as a restarted process would."""
     kind = request.param

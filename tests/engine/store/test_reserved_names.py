@@ -22,6 +22,7 @@ from engine.naming import (
     validate_name,
 )
 from tests.engine.conftest import Node
+from tests.polling import wait_until
 
 NAMES = reserve("test")
 
@@ -91,14 +92,14 @@ def test_idle_reserved_segments_are_not_reaped_but_their_transactions_are(
     upload = NAMES.name("uploads", "u1")
     store.create(upload)
     txid = store.open_transaction(upload)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def aborted() -> bool:
         try:
             store.transaction_info(upload, txid)
         except SegmentNotFound:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the idle transaction of a reserved segment was not aborted")
+            return True
+        return False
+
+    wait_until(aborted, "the idle transaction of a reserved segment is aborted")
     time.sleep(0.5)  # past the timeout twice over
     assert store.info(upload).length == 0
