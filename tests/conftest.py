@@ -100,7 +100,9 @@ def s3_bucket(moto_server: MotoServer, s3_client: Any) -> Iterator[str]:
 def random_seed() -> int:
     """A seed for a randomized test: ``SEGSTORE_TEST_SEED`` if set (to replay a failure), else a new one.
 
-    The test names it in its failure message.
+    It is printed, so a failing test's captured output names it.
     """
     raw = os.environ.get("SEGSTORE_TEST_SEED")
-    return int(raw) if raw else random.randrange(2**32)
+    seed = int(raw) if raw else random.randrange(2**32)
+    print(f"random seed {seed} (SEGSTORE_TEST_SEED={seed} replays it)")
+    return seed

@@ -32,6 +32,7 @@ from tests.cluster_writers import (
     stored,
     wait_progress,
 )
+from tests.conftest import random_seed
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
@@ -174,7 +175,7 @@ def test_a_joining_node_takes_its_share_and_clients_see_only_successes_and_503(c
 
 def test_a_killed_nodes_containers_serve_on_the_others_within_lease_and_recovery(cluster_of: Cluster) -> None:
     with cluster_of(3) as cluster:
-        victim = random.choice(list(cluster.nodes))
+        victim = random.Random(random_seed()).choice(list(cluster.nodes))
         others = [n for n in cluster.nodes if n != victim]
         lost = _held(cluster, others[0], victim)
         names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "killed")

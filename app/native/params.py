@@ -71,11 +71,6 @@ def _environ_header(environ: Mapping[str, Any], name: str) -> str | None:
     return None if value is None else _strip_ows(value)
 
 
-def int_header(request: Request, name: str, *, minimum: int = 0) -> int | None:
-    """An int64 header (``Event-Number``, ``Expected-Offset``, ...), or None when absent."""
-    return _environ_int_header(request.environ, name, minimum)
-
-
 def _environ_int_header(environ: Mapping[str, Any], name: str, minimum: int = 0) -> int | None:
     raw = _environ_header(environ, name)
     return None if raw is None else _int_in_range(raw, name, minimum, InvalidHeader)

@@ -339,10 +339,6 @@ class StreamStore:
         c = stream.config
         return StreamInfo(name, c.content_type, format_offset(tail), closed, c.ttl_s, c.expires_at)
 
-    def touch(self, name: str) -> None:
-        """Count an access (for the TTL window) without reading."""
-        self.live(name).last_access = time.monotonic()
-
     # ------------------------------------------------------------- changes
     def create(
         self,

@@ -28,12 +28,6 @@ class NodeCache:
         self._nodes: OrderedDict[tuple[Hashable, int], Node] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def used_bytes(self) -> int:
-        return self._bytes
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -43,10 +37,8 @@ class NodeCache:
         with self._lock:
             node = self._nodes.get(key)
             if node is None:
-                self.misses += 1
                 return None
             self._nodes.move_to_end(key)
-            self.hits += 1
             return node
 
     def put(self, namespace: Hashable, offset: int, node: Node) -> None:

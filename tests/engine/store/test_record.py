@@ -49,8 +49,15 @@ def test_another_tier2_is_refused_and_names_both(tmp_path: Path) -> None:
 
 
 def test_the_default_tier2_named_explicitly_is_the_same_tier2(tmp_path: Path) -> None:
-    started(small_settings(tmp_path)).close()
-    started(small_settings(tmp_path, tier2=str(tmp_path / "tier2"))).close()
+    first = started(small_settings(tmp_path))
+    first.create("kept")
+    first.append("kept", b"bytes")
+    first.flush()
+    first.close()
+    again = started(small_settings(tmp_path, tier2=str(tmp_path / "tier2")))  # not refused
+    assert again.read("kept", 0).data == b"bytes"
+    again.close()
+    assert record(tmp_path)["tier2"] == LOCAL_TIER2
 
 
 def test_an_s3_tier2_on_a_folder_made_with_a_local_one_is_refused_before_s3_is_asked(tmp_path: Path) -> None:
