@@ -22,8 +22,10 @@ import pytest
 from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer
 
 # The fixtures that start a process: a server, moto, a cluster of servers, Spark's JVM, the SDK generator.
-PROCESS_FIXTURES = frozenset({"moto_server", "server", "s3_server", "nodes", "cluster", "cluster_of", "spark",
-                              "sdk_modules"})  # fmt: skip
+PROCESS_FIXTURES = frozenset({
+    "moto_server", "server", "s3_server", "nodes", "shared_nodes", "cluster", "cluster_of", "spark",
+    "sdk_modules",
+})  # fmt: skip
 
 
 class UnmarkedProcess(Exception):

@@ -70,9 +70,14 @@ def cluster(
             server.kill()
 
 
-@pytest.fixture
-def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
-    with cluster(tmp_path, moto_endpoint, s3_bucket, takeover_wait_s=5.0) as servers:
+@pytest.fixture(scope="module")
+def nodes(
+    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
+) -> Iterator[dict[str, ServerProcess]]:
+    """One cluster for the tests that stop no node (starting one takes seconds); each names its own things."""
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    s3_client.create_bucket(Bucket=bucket)
+    with cluster(tmp_path_factory.mktemp("nodes"), moto_endpoint, bucket, takeover_wait_s=5.0) as servers:
         yield servers
 
 

@@ -32,15 +32,27 @@ from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 nodes = cluster_fixtures.nodes
+shared_nodes = cluster_fixtures.shared_nodes
 
 
-@pytest.fixture
-def serving(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+def _serving(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
     """The two nodes once each has recovered the containers it holds."""
     for server in nodes.values():
         healthy = lambda url=server.url: requests.get(f"{url}/healthz", timeout=TIMEOUT_S).ok  # noqa: E731
         wait_until(healthy, f"{server.url} serving its containers", 30)
     return nodes
+
+
+@pytest.fixture
+def serving(shared_nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+    """The module's two nodes, serving (for the tests that stop no node)."""
+    return _serving(shared_nodes)
+
+
+@pytest.fixture
+def serving_alone(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+    """Two nodes of the test's own, serving (it kills one)."""
+    return _serving(nodes)
 
 
 def _owner(servers: dict[str, ServerProcess], name: str) -> str:
@@ -188,9 +200,9 @@ def _peer_list(url: str, secret: str, containers: list[int], prefix: str) -> req
 
 
 def test_forks_copy_across_nodes_and_each_reaper_expires_its_own(
-    serving: dict[str, ServerProcess], s3_client: Any, s3_bucket: str
+    serving_alone: dict[str, ServerProcess], s3_client: Any, s3_bucket: str
 ) -> None:
-    nodes = serving
+    nodes = serving_alone
     urls = {n: s.url for n, s in nodes.items()}
     source = _stream_on(nodes, "b", "src")
     fork = _stream_on(nodes, "a", "fork")
