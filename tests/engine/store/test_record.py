@@ -31,12 +31,17 @@ def test_a_new_data_folder_records_its_tiers(tmp_path: Path) -> None:
     assert record(tmp_path) == {"container_count": 2, "tier1": LOCAL_TIER1, "tier2": LOCAL_TIER2}
 
 
-def test_another_tier2_is_refused_and_names_both(tmp_path: Path) -> None:
-    store = started(small_settings(tmp_path))
+def keep_bytes_in_tier2(settings: Settings) -> None:
+    """Start a store, give it a segment "kept" flushed to Tier 2, stop it."""
+    store = started(settings)
     store.create("kept")
     store.append("kept", b"bytes")
     store.flush()
     store.close()
+
+
+def test_another_tier2_is_refused_and_names_both(tmp_path: Path) -> None:
+    keep_bytes_in_tier2(small_settings(tmp_path))
     elsewhere = tmp_path.parent / f"{tmp_path.name}-other-tier2"
     with pytest.raises(Misconfigured) as refused:
         SegmentStore(small_settings(tmp_path, tier2=str(elsewhere))).start()
@@ -49,11 +54,7 @@ def test_another_tier2_is_refused_and_names_both(tmp_path: Path) -> None:
 
 
 def test_the_default_tier2_named_explicitly_is_the_same_tier2(tmp_path: Path) -> None:
-    first = started(small_settings(tmp_path))
-    first.create("kept")
-    first.append("kept", b"bytes")
-    first.flush()
-    first.close()
+    keep_bytes_in_tier2(small_settings(tmp_path))
     again = started(small_settings(tmp_path, tier2=str(tmp_path / "tier2")))  # not refused
     assert again.read("kept", 0).data == b"bytes"
     again.close()
