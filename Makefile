@@ -44,8 +44,10 @@ lint: $(VENV)/.test
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# Two workers: the tests that start processes run on one of them, one at a time and in order
+# (tests/conftest.py), while the others share the second core.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
 test-fast: $(VENV)/.test

@@ -55,6 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.process)
+        if item.get_closest_marker("process") is not None:
+            # Run on two workers (pytest -n 2 --dist loadgroup), the tests that start processes stay on
+            # one of them, one at a time, as a serial run has them: the others share the second core.
+            item.add_marker(pytest.mark.xdist_group("process"))
 
 
 @pytest.hookimpl(hookwrapper=True)
