@@ -21,11 +21,8 @@ if TYPE_CHECKING:
     from engine.cluster.node import ClusterNode  # boto3: imported only by a cluster node
 
 
-class LocalStore(Protocol):
-    """What the peer calls ask of this node's store (``engine.store.segment_store.SegmentStore``)."""
-
-    @property
-    def node(self) -> ClusterNode | None: ...
+class ServedSegments(Protocol):
+    """Listings and heads of the containers this node serves (``engine.store.hosting.ContainerHosting``)."""
 
     def list_served(
         self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
@@ -34,6 +31,13 @@ class LocalStore(Protocol):
     def heads(
         self, names: Iterable[str], max_length: int | None = None, *, here: bool = False
     ) -> dict[str, bytes | None]: ...
+
+
+class LocalStore(ServedSegments, Protocol):
+    """What the peer calls ask of this node's store (``engine.store.segment_store.SegmentStore``)."""
+
+    @property
+    def node(self) -> ClusterNode | None: ...
 
     def info(self, name: str, *, anywhere: bool = False) -> SegmentInfo: ...
 

@@ -15,6 +15,7 @@ import builtins
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from engine.cluster.peer_service import ServedSegments
 from engine.cluster.peers import PeerClient, PeerSegments
 from engine.config import Settings
 from engine.errors import ContainerNotReady
@@ -25,20 +26,12 @@ if TYPE_CHECKING:
     from engine.cluster.node import ClusterNode  # boto3: imported only by a cluster node
 
 
-class LocalStore(Protocol):
-    """What a cluster-wide operation asks of this node's store (``segment_store.SegmentStore``)."""
+class LocalStore(ServedSegments, Protocol):
+    """What a cluster-wide operation asks of this node's store (``hosting.ContainerHosting``)."""
 
     settings: Settings
 
     def serves(self, container_id: int) -> bool: ...
-
-    def list_served(
-        self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
-    ) -> list[SegmentInfo]: ...
-
-    def heads(
-        self, names: Iterable[str], max_length: int | None = None, *, here: bool = False
-    ) -> dict[str, bytes | None]: ...
 
 Node = tuple[str, str]  # node id, URL
 
