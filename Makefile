@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test lint bench clean s3-deps spark-deps
+.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,16 @@ cluster: $(VENV)/.s3
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
+# Two workers: the tests that start processes run on one of them, one at a time and in order
+# (tests/conftest.py), while the others share the second core.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
+
+# The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -q -m "not process" -n 2
 
 bench: $(VENV)/.serve
 	$(BIN)/python -m bench.appends

@@ -6,7 +6,7 @@ Each surface parses its own headers and parameters (``app/native/params.py``,
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from flask import request
 
@@ -36,7 +36,7 @@ def require_utf8_path() -> None:
 
 
 def read_body(
-    stream: BinaryIO,
+    stream: IO[bytes],
     content_length: int | None,
     max_bytes: int,
     what: str,

@@ -19,14 +19,15 @@ import os
 import socket
 import sys
 
-from engine import SegstoreError, Settings, StoreLocked, Throttled, load_settings
+from app.settings import HttpSettings, load_server_settings
+from engine import SegstoreError, StoreLocked, Throttled
 
 # Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
 MISCONFIGURED = 3
 NOT_YET = 4
 
 
-def unauthenticated_bind_refusal(settings: Settings) -> str | None:
+def unauthenticated_bind_refusal(settings: HttpSettings) -> str | None:
     """Why the server must not start (an open bind with auth off), or None when it may.
 
     With no ``auth_file`` anyone who reaches the port may read, write and
@@ -42,7 +43,7 @@ def unauthenticated_bind_refusal(settings: Settings) -> str | None:
 
 
 try:
-    _settings = load_settings()
+    _, _settings = load_server_settings()
 except SegstoreError as _bad:  # a setting out of its range: one line naming it, no traceback
     raise SystemExit(f"segstore will not start: {_bad.detail}") from None
 _refusal = unauthenticated_bind_refusal(_settings)

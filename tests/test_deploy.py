@@ -22,22 +22,27 @@ import pytest
 import requests
 from packaging.requirements import Requirement
 
+from app.settings import HttpSettings, load_server_settings
 from bench.servers import ROOT, free_port
-from engine import Settings, load_settings
+from engine import Settings
 
 
 def test_example_config_names_every_setting_and_loads() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    keys = set(tomllib.loads(example.read_text()))
-    assert keys == {f.name for f in fields(Settings)}
-    settings = load_settings({"SEGSTORE_CONFIG": str(example)})
-    assert settings == Settings(**tomllib.loads(example.read_text()))
+    values = tomllib.loads(example.read_text())
+    engine_keys, http_keys = {f.name for f in fields(Settings)}, {f.name for f in fields(HttpSettings)}
+    assert set(values) == engine_keys | http_keys and not engine_keys & http_keys
+    settings, http = load_server_settings({"SEGSTORE_CONFIG": str(example)})
+    assert http == HttpSettings(**{k: v for k, v in values.items() if k in http_keys})
+    engine_values = {k: v for k, v in values.items() if k in engine_keys}
+    assert settings == Settings(**engine_values | {"advertise_url": f"http://{http.bind}"})
 
 
 def test_environment_overrides_the_config_file() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    settings = load_settings({"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"})
-    assert settings.bind == "127.0.0.1:9999"
+    env = {"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"}
+    settings, http = load_server_settings(env)
+    assert http.bind == "127.0.0.1:9999" and settings.node_url == "http://127.0.0.1:9999"
 
 
 def procfile_web() -> str:
@@ -70,6 +75,7 @@ def platform_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 def test_procfile_serves_on_port_without_the_venv_on_path(tmp_path: Path) -> None:
     port = free_port()
     env = platform_env(tmp_path, port, SEGSTORE_ALLOW_UNAUTHENTICATED="1")
@@ -99,6 +105,7 @@ def test_procfile_serves_on_port_without_the_venv_on_path(tmp_path: Path) -> Non
     assert f"Listening at: http://0.0.0.0:{port}" in output
 
 
+@pytest.mark.process
 def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) -> None:
     """PORT binds every interface, so without an auth file the server needs the explicit opt-in."""
     proc = subprocess.run(
@@ -120,6 +127,7 @@ def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) 
         ("SEGSTORE_CONTAINER_COUNT", "many", "container_count"),
     ],
 )
+@pytest.mark.process
 def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
     tmp_path: Path, variable: str, value: str, named: str
 ) -> None:
@@ -129,6 +137,7 @@ def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.process
 def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "0.0.0.0:0"})
     assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
@@ -235,6 +244,7 @@ def test_dockerfile_serves_the_defaults_on_every_interface_with_data_on_a_volume
     assert {".venv", "data", ".git"} <= set(ignored)
 
 
+@pytest.mark.process
 def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
     """What the image runs, run on this machine (no Docker daemon): its CMD with its ENV serves,
     and its HEALTHCHECK command passes against it and fails once it is gone."""
@@ -265,6 +275,7 @@ def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_the_images_build_steps_install_a_package_that_serves(tmp_path: Path) -> None:
     """The image's build without Docker: exactly what it COPYs, installed into a fresh venv by its
     ``pip install .``, serves its CMD from its WORKDIR (nothing read from this checkout)."""
@@ -326,6 +337,7 @@ def systemd_unit() -> dict[str, list[tuple[str, str]]]:
     return sections
 
 
+@pytest.mark.process
 def test_systemd_unit_has_its_state_directory_settings_file_network_and_hardening(tmp_path: Path) -> None:
     unit = systemd_unit()
     assert ("Wants", "network-online.target") in unit["Unit"]

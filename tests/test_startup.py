@@ -26,7 +26,7 @@ import requests
 
 from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 REFUSED_EXIT = 3  # a misconfiguration: the arbiter stops, it does not start another worker
 LATER_EXIT = 4  # what it needs may come: the arbiter stops too, a service manager may start it again

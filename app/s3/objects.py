@@ -20,7 +20,7 @@ API refuses and native listings hide:
   names are picked in the target's container, so publishing them is a
   metadata-only merge, whatever the object's size.
 
-Publishing (``publish``) is one composite operation (engine/composite.py):
+Publishing (``publish``) is one composite operation (engine/container/composite.py):
 the old object deleted, the new one created with its bytes (or the staging
 segment merged into it), its record written, the object sealed, all in one
 log entry. A reader sees the old object or the new one, each with its own
@@ -48,6 +48,7 @@ from typing import TypeVar
 
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
+from app.s3.names import s3_state_name
 from engine import (
     AppendStep,
     ConditionalCheckFailed,
@@ -64,7 +65,6 @@ from engine import (
     Step,
     Throttled,
     TruncateStep,
-    s3_state_name,
     validate_segment_name,
 )
 

@@ -30,7 +30,7 @@ from app.s3 import (
     sigv4,
     subresources,
 )
-from app.s3.chunked import Body
+from app.s3.aws_chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
 from engine import (

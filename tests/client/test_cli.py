@@ -14,7 +14,8 @@ import pytest
 
 from bench.servers import ServerProcess
 from client.cli import _put, main
-from client.segment_client import AppendResult, SegmentClient
+from client.results import AppendResult
+from client.segment_client import SegmentClient
 from tests.client.conftest import MAX_APPEND_BYTES
 
 

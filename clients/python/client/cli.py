@@ -30,7 +30,8 @@ import requests
 from tqdm import tqdm
 
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError, Unauthorized
-from client.segment_client import SegmentClient, SegmentInfo
+from client.results import SegmentInfo
+from client.segment_client import SegmentClient
 
 MiB = 1024 * 1024
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
@@ -55,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         "--token", default=os.environ.get("SEGSTORE_TOKEN"), help="bearer token (default: $SEGSTORE_TOKEN)"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    tx_commands = commands.add_parser("tx", help="transactions: open, append (stdin), info, commit, abort")
-    tx_commands = tx_commands.add_subparsers(dest="action", required=True)
+    tx_parser = commands.add_parser("tx", help="transactions: open, append (stdin), info, commit, abort")
+    tx_commands = tx_parser.add_subparsers(dest="action", required=True)
 
     def command(
         name: str, run: Command, help: str, *names: str, under: Any = commands

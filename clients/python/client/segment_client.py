@@ -27,12 +27,13 @@ connection error follows the rules above.
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
+import functools
 import json as jsonlib
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -43,80 +44,13 @@ from requests.structures import CaseInsensitiveDict
 
 from client import sse
 from client.errors import error_from_response
+from client.results import AppendResult, AttributeUpdate, LiveRead, ReadResult, SegmentInfo
 
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.05
 BACKOFF_MAX_S = 5.0
 DEFAULT_TIMEOUT_S = 30.0
 _LIVE_READ_BYTES = 64 * 1024  # the most a live stream's read returns; it returns what has arrived
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    """An append's answer: where its bytes start (``None`` for a duplicate) and the new length."""
-
-    offset: int | None
-    length: int
-    duplicate: bool = False
-    event_number: int | None = None
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    """Bytes read, the offset to ask for next, and the segment's state at the time of the read."""
-
-    data: bytes
-    next_offset: int
-    sealed: bool
-    length: int
-
-    @property
-    def at_sealed_end(self) -> bool:
-        """True when nothing more will ever be readable past ``next_offset``."""
-        return self.sealed and self.next_offset >= self.length
-
-
-@dataclass(frozen=True)
-class LiveRead:
-    """Bytes a live stream delivered, and the offset that follows them."""
-
-    data: bytes
-    next_offset: int
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """The JSON info of a segment."""
-
-    name: str
-    length: int
-    start_offset: int
-    storage_length: int
-    sealed: bool
-    event_count: int
-    created: str
-    last_modified: str
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> SegmentInfo:
-        return cls(**{field: body[field] for field in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class AttributeUpdate:
-    """One attribute update (docs/api.md "Attributes"): ``type`` is replace, replace_if_greater,
-    replace_if_equals, accumulate or none; ``expected`` is for replace_if_equals."""
-
-    key: uuid.UUID | str
-    type: str
-    value: int
-    expected: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": str(self.key), "type": self.type, "value": self.value}
-        if self.type == "replace_if_equals":
-            body["expected"] = self.expected
-        return body
 
 
 def segment_path(name: str) -> str:
@@ -417,8 +351,9 @@ class SegmentClient:
                 headers={"Accept": sse.MEDIA_TYPE},
                 stream=True,
             )
+            read = functools.partial(response.raw.read1, _LIVE_READ_BYTES)
             try:
-                for kind, event_id, data in sse.events(lambda r=response: r.raw.read1(_LIVE_READ_BYTES)):
+                for kind, event_id, data in sse.events(read):
                     if kind == "sealed":
                         return
                     if kind == "data" and event_id is not None:
@@ -532,20 +467,20 @@ class SegmentClient:
 
     # -- partitions and attributes -----------------------------------------------------------
 
-    def partitions(self, name: str, target_bytes: int | None = None) -> list[tuple[int, int]]:
+    def partitions(self, name: str, target_bytes: int | None = None) -> builtins.list[tuple[int, int]]:
         """Contiguous ``(start, end)`` ranges covering the readable bytes, each on an append boundary."""
         params = {} if target_bytes is None else {"target_bytes": target_bytes}
         path = segment_path(name) + ":partitions"
         body = self._request("GET", path, safe_to_resend=True, params=params).json()
         return [(int(p["start"]), int(p["end"])) for p in body["partitions"]]
 
-    def get_attributes(self, name: str, keys: list[uuid.UUID | str]) -> dict[str, int | None]:
+    def get_attributes(self, name: str, keys: Sequence[uuid.UUID | str]) -> dict[str, int | None]:
         """The values of attribute ``keys`` (UUIDs) on the segment; ``None`` where unset."""
         path = segment_path(name) + ":attributes"
         params = {"keys": ",".join(str(k) for k in keys)}
         return self._request("GET", path, safe_to_resend=True, params=params).json()["attributes"]
 
-    def update_attributes(self, name: str, updates: list[AttributeUpdate]) -> None:
+    def update_attributes(self, name: str, updates: builtins.list[AttributeUpdate]) -> None:
         """Apply ``updates`` atomically, all or none; a failed condition raises ``ConditionalCheckFailed``.
 
         Resent after a lost answer only when every update is idempotent

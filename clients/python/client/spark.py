@@ -71,7 +71,8 @@ from pyspark.sql.types import StructType
 
 from client import spark_sink
 from client.errors import SegmentExists
-from client.segment_client import SegmentClient, SegmentInfo
+from client.results import SegmentInfo
+from client.segment_client import SegmentClient
 from client.spark_ranges import (
     DEFAULT_READ_BYTES,
     FRAMINGS,
@@ -94,23 +95,27 @@ class SegstoreOptions:
             raise ValueError("segstore: the 'endpoint' option is required")
         self.endpoint = self.raw["endpoint"]
         self.token = self.get("token")
-        self.framing = self.get("framing", "length_prefixed")
+        self.framing = self.raw.get("framing", "length_prefixed")
         if self.framing not in FRAMINGS:
             raise ValueError(f"segstore: framing must be one of {', '.join(FRAMINGS)}, not {self.framing!r}")
         self.target_bytes = self._positive("target_bytes", DEFAULT_TARGET_BYTES)
         self.read_bytes = self._positive("read_bytes", DEFAULT_READ_BYTES)
         self.append_bytes = self._positive("append_bytes", spark_sink.DEFAULT_APPEND_BYTES)
-        self.max_bytes_per_trigger = self._positive("maxbytespertrigger", None)
+        self.max_bytes_per_trigger = self._positive_or_none("maxbytespertrigger")
         failing = self.get("fail_first_attempt_after_rows")
         self.fail_first_attempt_after_rows = int(failing) if failing else None
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.raw.get(key.lower(), default)
 
-    def _positive(self, key: str, default: int | None) -> int | None:
+    def _positive(self, key: str, default: int) -> int:
+        value = self._positive_or_none(key)
+        return default if value is None else value
+
+    def _positive_or_none(self, key: str) -> int | None:
         text = self.get(key)
         if text is None:
-            return default
+            return None
         value = int(text)
         if value < 1:
             raise ValueError(f"segstore: option {key} must be at least 1, not {value}")

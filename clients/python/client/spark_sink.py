@@ -48,7 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from client.errors import ConditionalCheckFailed, SegmentNotFound
-from client.segment_client import AttributeUpdate, SegmentClient
+from client.results import AttributeUpdate
+from client.segment_client import SegmentClient
 
 HEADER_BYTES = 4
 DEFAULT_APPEND_BYTES = 4 * 1024 * 1024
@@ -232,7 +233,8 @@ def _signed(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
 
 
-def _from_halves(high: int, low: int) -> str:
+def _from_halves(high: int | None, low: int | None) -> str:
+    assert high is not None and low is not None, "a batch's intent is recorded with its transaction ids"
     return str(uuid.UUID(int=((high % 2**64) << 64) | (low % 2**64)))
 
 

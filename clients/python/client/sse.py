@@ -20,7 +20,8 @@ def events(read: Callable[[], bytes]) -> Iterator[tuple[str, str | None, str]]:
     end of the stream is dropped, as the SSE grammar says.
     """
     pending = b""
-    kind, last_id, data = "message", None, []
+    kind, last_id = "message", None
+    data: list[str] = []
     while chunk := read():
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
