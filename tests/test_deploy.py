@@ -143,6 +143,7 @@ def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
 
 
+@pytest.mark.process
 def test_gunicorn_refuses_a_port_in_use_saying_what_to_do(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -153,6 +154,7 @@ def test_gunicorn_refuses_a_port_in_use_saying_what_to_do(tmp_path: Path) -> Non
     assert not (tmp_path / "data").exists()  # refused before any worker opened the store
 
 
+@pytest.mark.process
 def test_gunicorn_refuses_a_bind_without_a_host(tmp_path: Path) -> None:
     proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "8081"})
     assert "setting bind='8081': host:port expected, e.g. 127.0.0.1:8081" in proc.stderr

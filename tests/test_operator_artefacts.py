@@ -53,6 +53,7 @@ def test_every_panel_has_a_query_and_a_unit() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_every_series_the_dashboard_and_alerts_use_is_exported(tmp_path: Path) -> None:
     """A cluster node (on moto) exports the data path's series and the cluster's."""
     with LocalCluster(tmp_path, nodes=1, settings={"SEGSTORE_LEASE_S": "3"}) as cluster:

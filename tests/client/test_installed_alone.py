@@ -15,6 +15,8 @@ import pytest
 from bench.servers import ROOT, ServerProcess
 
 TOKEN = "cli-token-0123456789abcdef"
+pytestmark = pytest.mark.process  # a venv, pip, and the installed command
+
 SERVER_ONLY = ("flask", "werkzeug", "gevent", "gunicorn", "boto3", "prometheus_client", "engine", "app")
 
 
