@@ -3,7 +3,8 @@
 Every ``sh`` and ``python`` block of README.md is preceded by a marker:
 ``<!-- runnable -->`` (run here, from the repository root, against a fresh
 server; the port the README names, 8080, becomes a free one, since a
-machine running the suite may have 8080 taken) or ``<!-- not run: why -->``. Shell blocks run under ``bash -e``, Python blocks under this
+machine running the suite may have 8080 taken) or ``<!-- not run: why
+-->``. Shell blocks run under ``bash -e``, Python blocks under this
 venv's Python; each must exit 0, and they run in the README's order, as a
 reader walks it (a block may use what an earlier one made).
 """
@@ -55,7 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def _environment(server: ServerProcess) -> dict[str, str]:
-    """The machine's environment without what the README must not inherit; the CLI's default endpoint moved."""
+    """The machine's environment less what the README must not inherit; the CLI pointed at ``server``."""
     kept = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)}
     return kept | {"SEGSTORE_ENDPOINT": server.url}
 
@@ -70,6 +71,7 @@ def test_a_runnable_block_runs_as_written(server: ServerProcess, block: tuple[st
     lang, code = block
     code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{server.port}", code)
     command = ["bash", "-e", "-o", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
-    done = subprocess.run(command, cwd=ROOT, env=_environment(server), capture_output=True, text=True, timeout=300)
+    environment = _environment(server)
+    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert server.proc is not None and server.proc.poll() is None, "the server died"
