@@ -32,7 +32,8 @@ MiB = 1024 * 1024
 _POSITIVE = (
     "rollover_bytes", "max_append_bytes", "max_read_bytes", "tier1_backlog_max_bytes", "cache_block_bytes",
     "storage_read_block_bytes", "tail_wait_max_s", "sse_keepalive_s", "transaction_timeout_s",
-    "stream_long_poll_s", "stream_reap_interval_s",
+    "stream_long_poll_s", "stream_reap_interval_s", "stream_scale_sample_s", "stream_scale_window_s",
+    "stream_transaction_timeout_s", "stream_transaction_timeout_max_s",
 )
 
 
@@ -96,6 +97,17 @@ class Settings:
     # expired streams are looked for every stream_reap_interval_s.
     stream_long_poll_s: float = 20.0
     stream_reap_interval_s: float = 1.0
+    # Streams (app/scopes): each process samples the event and byte rates of the stream segments
+    # whose record it serves every stream_scale_sample_s (and finishes what a crash left pending:
+    # scales, commits, expired transactions); auto-scaling judges the rates over
+    # stream_scale_window_s and leaves a segment alone for stream_scale_cooldown_s after its creation.
+    stream_scale_sample_s: float = 10.0
+    stream_scale_window_s: float = 300.0
+    stream_scale_cooldown_s: float = 600.0
+    # A stream transaction expires (is aborted) this long after it opens, unless it asks for
+    # another timeout, at most stream_transaction_timeout_max_s.
+    stream_transaction_timeout_s: float = 120.0
+    stream_transaction_timeout_max_s: float = 600.0
     log_level: str = "info"
     # 1 writes one line per request (gunicorn's access log) to standard output.
     access_log: int = 0
@@ -141,6 +153,15 @@ class Settings:
         for name in _POSITIVE:
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(self, name)}")
+        if self.stream_scale_window_s < self.stream_scale_sample_s:
+            raise InvalidArgument(
+                "setting stream_scale_window_s must be at least stream_scale_sample_s: a rate needs "
+                "two samples inside its window"
+            )
+        if self.stream_transaction_timeout_s > self.stream_transaction_timeout_max_s:
+            raise InvalidArgument(
+                "setting stream_transaction_timeout_s must not be more than stream_transaction_timeout_max_s"
+            )
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
             raise InvalidArgument(

@@ -29,7 +29,9 @@
     ``s3``: bucket markers, object records, staging and uploads; owner
     ``stream``: a stream's ``meta/<escaped name>`` and
     ``data/<escaped name>/<incarnation>``, no longer than the ordinary names
-    they replace). They are top-level segments, never reaped, hashed by
+    they replace; owner ``scopes``: scope markers ``scopes/<scope>``, stream
+    records ``streams/<scope>/<stream>`` and stream transactions'
+    segments ``txns/<id>``). They are top-level segments, never reaped, hashed by
     their subject (``subject_of``) so that they share a container with what
     they are about. The native API refuses them and
     listings show them only to a prefix that is itself reserved.
@@ -57,6 +59,7 @@ MAX_NAME_BYTES = 1024
 RESERVED_MARK = "#"
 S3_OWNER = "s3"
 STREAMS_OWNER = "stream"
+SCOPES_OWNER = "scopes"
 # Where the surfaces kept their state before it moved to reserved names (read once, to migrate).
 LEGACY_S3_PREFIX = ".s3/"
 LEGACY_STREAM_META_PREFIX = "streams/meta/"
@@ -381,3 +384,8 @@ def stream_of_meta_segment(segment: str, prefix: str = STREAM_META_PREFIX) -> st
 def s3_state_name(kind: str, rest: str) -> str:
     """A reserved name of the S3 surface's state: ``#s3/<kind>/<rest>`` (buckets, etags, uploads...)."""
     return reserved_name(S3_OWNER, kind, rest)
+
+
+def scopes_state_name(kind: str, rest: str) -> str:
+    """A reserved name of the stream layer's state: ``#scopes/<kind>/<rest>`` (scopes, streams, txns)."""
+    return reserved_name(SCOPES_OWNER, kind, rest)
