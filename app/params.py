@@ -1,4 +1,4 @@
-"""Strict parsing of the native API's request headers, query parameters and small JSON bodies.
+"""Strict parsing of request headers, query parameters and small JSON bodies (native and stream APIs).
 
 Python's ``int()`` takes ``" 7"``, ``"+7"``, ``"7_000"`` and non-ASCII digits;
 HTTP numbers are plain ASCII digits, so every number here is matched against
