@@ -1,8 +1,9 @@
-"""segstore's HTTP layer: a Flask app over one ``SegmentStore``, with three protocol surfaces.
+"""segstore's HTTP layer: a Flask app over one ``SegmentStore``, with its protocol surfaces.
 
-``native`` (``/v1/segments``), ``streams`` (Durable Streams, ``/v1/stream``)
-and ``s3`` (path-style S3 at the root) each map their protocol onto
-segments; ``auth``, ``errors``, ``ops``, ``inputs`` and ``chunked_body``
+``native`` (``/v1/segments``), ``scopes`` (streams of parallel segments,
+``/v1/scopes``), ``streams`` (Durable Streams, ``/v1/stream``) and ``s3``
+(path-style S3 at the root) each map their protocol onto segments;
+``auth``, ``errors``, ``ops``, ``inputs``, ``params`` and ``chunked_body``
 are the HTTP helpers they share.
 
 ``create_app`` builds the store inside the calling process (a gunicorn
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from app import auth, chunked_body, errors, forwarding, inputs, native, ops, peer, s3, streams
+from app import auth, chunked_body, errors, forwarding, inputs, native, ops, peer, s3, scopes, streams
 from app.native import subject as native_subject
 from app.s3 import subject as s3_subject
+from app.scopes import subject as scopes_subject
 from app.streams import subject as streams_subject
 from engine import SegmentStore, Settings, load_settings
 
@@ -36,13 +38,19 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(ops.bp)
     peer.init_app(app, store)  # node-to-node calls of a cluster
     native.init_app(app)
+    scopes.init_app(app, store)
     streams.init_app(app, store)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)
     # A cluster node passes a request whose subject's container it does not serve to its node,
     # before the append shortcuts (installed by native and streams init_app, inside this layer).
-    subjects = [native_subject.request_subject, streams_subject.request_subject, s3_subject.request_subject]
+    subjects = [
+        native_subject.request_subject,
+        scopes_subject.request_subject,
+        streams_subject.request_subject,
+        s3_subject.request_subject,
+    ]
     app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store, subjects)  # type: ignore[method-assign]
     # Around every reader of a body (the stream append shortcut takes no chunked one).
     chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
