@@ -1,5 +1,7 @@
 """The ``segstore`` command over HTTP: ``ls``, ``info``, ``cat``, ``tail [-f]``, ``put``,
-``create``, ``seal``, ``truncate`` and ``rm``.
+``create``, ``seal``, ``truncate`` and ``rm`` on segments; ``scope`` and ``stream`` verbs on
+streams (docs/api.md "Streams"): ``scope create|ls``, ``stream create|info|ls|seal|rm|segments|
+successors|scale|cut|truncate|write``.
 
 The endpoint comes from ``--endpoint``, else ``SEGSTORE_ENDPOINT``, else
 http://127.0.0.1:8080. Errors, a server that cannot be reached included,
@@ -20,6 +22,8 @@ from tqdm import tqdm
 
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError
 from client.segment_client import SegmentClient, SegmentInfo
+from client.stream_client import StreamClient, StreamCut
+from client.stream_writer import StreamWriter
 
 MiB = 1024 * 1024
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
@@ -59,7 +63,112 @@ def _parser() -> argparse.ArgumentParser:
     truncate.add_argument("name")
     truncate.add_argument("offset", type=int)
     commands.add_parser("rm", help="delete a segment").add_argument("name")
+    _stream_parsers(commands)
     return parser
+
+
+def _stream_parsers(commands: argparse._SubParsersAction) -> None:
+    """``scope ...`` and ``stream ...``: the stream API's verbs; a stream is named SCOPE/STREAM."""
+    scope = commands.add_parser("scope", help="scopes of streams").add_subparsers(dest="verb", required=True)
+    scope.add_parser("create", help="create a scope").add_argument("scope")
+    scope.add_parser("ls", help="list the scopes")
+    stream = commands.add_parser("stream", help="streams of parallel segments").add_subparsers(
+        dest="verb", required=True
+    )
+    create = stream.add_parser("create", help="create a stream SCOPE/STREAM")
+    create.add_argument("stream")
+    create.add_argument("--segments", type=int, default=None)
+    create.add_argument("--policy", choices=("fixed", "events_per_s", "kbytes_per_s"), default=None)
+    create.add_argument("--target", type=float, default=None, help="target rate per segment")
+    create.add_argument("--factor", type=int, default=None, help="most parts a split makes")
+    create.add_argument("--min-segments", type=int, default=None)
+    stream.add_parser("ls", help="list the streams of SCOPE").add_argument("scope")
+    simple = (("info", "a stream's description"), ("seal", "seal a stream"), ("rm", "delete a sealed stream"))
+    for verb, what in simple:
+        stream.add_parser(verb, help=what).add_argument("stream")
+    segments = stream.add_parser("segments", help="the segments of the current epoch (or --epoch)")
+    segments.add_argument("stream")
+    segments.add_argument("--epoch", type=int, default=None)
+    successors = stream.add_parser("successors", help="the segments that replaced a sealed one")
+    successors.add_argument("stream")
+    successors.add_argument("segment", type=int)
+    scale = stream.add_parser("scale", help="seal segments and create successors on new key ranges")
+    scale.add_argument("stream")
+    scale.add_argument("--seal", required=True, help="segment ids, comma-separated")
+    scale.add_argument("--ranges", required=True, help="lo:hi key ranges, comma-separated (0:0.5,0.5:1)")
+    cut = stream.add_parser("cut", help="the head or tail stream cut, as JSON")
+    cut.add_argument("stream")
+    cut.add_argument("--at", choices=("head", "tail"), default="tail")
+    truncate = stream.add_parser("truncate", help="delete what lies before a cut (JSON, as cut prints it)")
+    truncate.add_argument("stream")
+    truncate.add_argument("cut")
+    write = stream.add_parser("write", help="write each line of stdin as one event")
+    write.add_argument("stream")
+    write.add_argument("--key", default=None, help="routing key of every event (default: random per event)")
+
+
+def _scope_stream(text: str) -> tuple[str, str]:
+    scope, slash, stream = text.partition("/")
+    if not slash or not scope or not stream:
+        raise argparse.ArgumentTypeError(f"name a stream as SCOPE/STREAM, got {text!r}")
+    return scope, stream
+
+
+def _print_json(out: BinaryIO, doc: object) -> None:
+    out.write((json.dumps(doc, indent=2) + "\n").encode())
+
+
+def _scope_command(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    streams = StreamClient(client)
+    if args.verb == "create":
+        streams.create_scope(args.scope)
+    else:
+        out.write("".join(f"{scope}\n" for scope in streams.scopes()).encode())
+
+
+def _stream_command(client: SegmentClient, args: argparse.Namespace, stdin: BinaryIO, out: BinaryIO) -> None:
+    streams = StreamClient(client)
+    if args.verb == "ls":
+        out.write("".join(f"{name}\n" for name in streams.streams(args.scope)).encode())
+        return
+    scope, stream = _scope_stream(args.stream)
+    if args.verb == "create":
+        options = {"type": args.policy, "target": args.target, "factor": args.factor,
+                   "min_segments": args.min_segments}
+        scaling = {k: v for k, v in options.items() if v is not None}
+        made = streams.create_stream(scope, stream, segments=args.segments, scaling=scaling or None)
+        _print_json(out, made)
+    elif args.verb == "info":
+        _print_json(out, streams.stream(scope, stream))
+    elif args.verb == "seal":
+        _print_json(out, streams.seal(scope, stream))
+    elif args.verb == "rm":
+        streams.delete(scope, stream)
+    elif args.verb == "segments":
+        epoch, found = streams.segments(scope, stream, args.epoch)
+        out.write(f"epoch {epoch}\n".encode())
+        out.write("".join(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\n" for s in found).encode())
+    elif args.verb == "successors":
+        found, sealed = streams.successors(scope, stream, args.segment)
+        out.write(f"sealed {str(sealed).lower()}\n".encode())
+        for s in found:
+            before = ",".join(map(str, s.predecessors))
+            out.write(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\tafter {before}\n".encode())
+    elif args.verb == "scale":
+        seal = [int(part) for part in args.seal.split(",")]
+        ranges = [tuple(float(x) for x in part.split(":")) for part in args.ranges.split(",")]
+        epoch, made = streams.scale(scope, stream, seal, ranges)  # type: ignore[arg-type]
+        out.write(f"epoch {epoch}\n".encode())
+        out.write("".join(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\n" for s in made).encode())
+    elif args.verb == "cut":
+        _print_json(out, streams.cut(scope, stream, args.at).to_json())
+    elif args.verb == "truncate":
+        cut = StreamCut.from_json({"epoch": 0, **json.loads(args.cut)})
+        _print_json(out, streams.truncate(scope, stream, cut).to_json())
+    else:
+        with StreamWriter(client, scope, stream) as writer:
+            for line in stdin:
+                writer.write(line.rstrip(b"\n"), args.key)
 
 
 def _copy(client: SegmentClient, name: str, offset: int | None, out: BinaryIO, *, follow: bool) -> None:
@@ -145,9 +254,16 @@ def main(argv: list[str] | None = None) -> int:
                 _print_info(out, client.truncate(args.name, args.offset))
             elif args.command == "rm":
                 client.delete(args.name)
+            elif args.command == "scope":
+                _scope_command(client, args, out)
+            else:
+                _stream_command(client, args, sys.stdin.buffer, out)
         except SegstoreClientError as err:
             print(f"segstore: {err}", file=sys.stderr)
             return 1
+        except argparse.ArgumentTypeError as err:
+            print(f"segstore: {err}", file=sys.stderr)
+            return 2
         except requests.RequestException as err:
             print(f"segstore: cannot reach {args.endpoint}: {type(err).__name__}", file=sys.stderr)
             return 1
