@@ -152,6 +152,7 @@ class StreamState:
     truncating: Cut | None = None
     head: Cut | None = None
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
+    next_id: int = 0  # ids are never given twice, a cancelled scale's included
 
     @property
     def epoch(self) -> int:
@@ -164,10 +165,6 @@ class StreamState:
         if not self.epochs:
             return ()
         return tuple(sorted((self.segments[i] for i in self.epochs[-1].segments), key=lambda s: s.lo))
-
-    @property
-    def next_id(self) -> int:
-        return max(self.segments, default=-1) + 1
 
     @property
     def scaling(self) -> Transition | None:
@@ -248,6 +245,7 @@ def first_state(scope: str, stream: str, doc: Mapping[str, Any]) -> StreamState:
         created=doc["time"],
         segments={s.id: s for s in new},
         pending=Transition(0, (), new, doc["time"]),
+        next_id=len(new),
     )
 
 
@@ -264,13 +262,13 @@ def _apply(state: StreamState, doc: Mapping[str, Any]) -> StreamState:
         assert state.pending is None and not state.sealing, (state.pending, doc)
         assert doc["epoch"] == state.epoch + 1, (state.epoch, doc)
         new = tuple(Segment(s["id"], s["lo"], s["hi"], doc["epoch"]) for s in doc["segments"])
-        assert all(s.id not in state.segments for s in new) and len({s.id for s in new}) == len(new), doc
+        assert all(s.id >= state.next_id for s in new) and len({s.id for s in new}) == len(new), doc
         current = {s.id for s in state.current}
         assert set(doc["seal"]) <= current, (current, doc)
         ranges.check_replacement([state.segments[i].range for i in doc["seal"]], [s.range for s in new])
         segments = {**state.segments, **{s.id: s for s in new}}
         pending = Transition(doc["epoch"], tuple(doc["seal"]), new, doc["time"])
-        return replace(state, segments=segments, pending=pending)
+        return replace(state, segments=segments, pending=pending, next_id=max(s.id for s in new) + 1)
     if kind == "epoch":
         return _end_transition(state, doc)
     if kind == "cancelled":

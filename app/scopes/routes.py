@@ -284,7 +284,8 @@ def write_event(scope: str, stream: str) -> Response:
 
 
 def cut(scope: str, stream: str) -> Response:
-    at = params.str_param(request, "at") or "tail"
+    at = params.str_param(request, "at")
+    at = "tail" if at is None else at
     if at not in ("head", "tail"):
         raise InvalidArgument(f"at is head or tail, got {at!r}"[:80])
     state = _ctl().touch(scope, stream).state
@@ -294,6 +295,7 @@ def cut(scope: str, stream: str) -> Response:
 
 def truncate_stream(scope: str, stream: str) -> Response:
     body = params.json_object_body(request, {"epoch", "positions"}, required=True)
+    params.json_int(body, "epoch", minimum=0)  # informative (the cut's segments say it): checked, not used
     positions = body.get("positions")
     if not isinstance(positions, dict) or not positions:
         raise InvalidArgument('a truncation takes a stream cut: {"positions": {segment id: offset}}')
