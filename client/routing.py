@@ -9,7 +9,8 @@ an epoch partition [0, 1), so each hash falls in exactly one
 "Streams (seed 004; app/scopes/, the role of Pravega's Controller)").
 
 A ``Routing-Key`` header carries the key percent-encoded as UTF-8
-(``header_value``); ``header_key`` is the reverse.
+(``header_value``: printable ASCII); ``header_key`` is the reverse (a
+``%XX`` sequence that is not UTF-8 decodes to U+FFFD).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def header_value(key: str) -> str:
 
 def header_key(value: str) -> str:
     """The routing key a ``Routing-Key`` header value names (``%XX`` decoded as UTF-8)."""
-    return unquote(value, encoding="utf-8", errors="strict")
+    return unquote(value, encoding="utf-8", errors="replace")
 
 
 @dataclass(frozen=True, slots=True)

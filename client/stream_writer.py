@@ -54,6 +54,8 @@ DEFAULT_SENDERS = 8
 # How long a batch is resent after connection errors, throttling or unknown outcomes before the writer fails.
 DEFAULT_RESEND_TIMEOUT_S = 60.0
 _BACKOFF_S = (0.05, 1.0)
+# What a resend may cure: the server did not answer, pushed back, or may not have applied the request.
+_TRANSIENT = (requests.ConnectionError, requests.Timeout, Throttled, OutcomeUnknown)
 QUEUED, SENDING, WAITING, SEALED, DONE = "queued", "sending", "waiting", "sealed", "done"
 
 
@@ -87,6 +89,7 @@ class _Lane:
     chain: int | None = None  # the last number of the newest batch formed
     acked: int | None = None  # the writer's last number the segment acknowledged
     sealed: bool = False
+    sealed_at: float = 0.0
     following: bool = False
 
     def unacked_batches(self) -> int:
@@ -256,7 +259,7 @@ class StreamWriter:
                 if batch is not None:
                     self._send(lane, batch)
                 else:
-                    self._follow(lane)
+                    self._follow_or_pause(lane)
             except BaseException as err:
                 with self._cond:
                     self._fail(err)
@@ -285,10 +288,11 @@ class StreamWriter:
         except SegmentSealed:
             with self._cond:
                 batch.state = SEALED
-                lane.sealed = True
+                if not lane.sealed:
+                    lane.sealed, lane.sealed_at = True, time.monotonic()
                 self._cond.notify_all()
             return
-        except (requests.ConnectionError, requests.Timeout, Throttled, OutcomeUnknown):
+        except _TRANSIENT:
             with self._cond:
                 if time.monotonic() - batch.started > self.resend_timeout_s:
                     raise
@@ -316,6 +320,17 @@ class StreamWriter:
                 batch.state = QUEUED
                 batch.not_before = 0.0
         self._cond.notify_all()
+
+    def _follow_or_pause(self, lane: _Lane) -> None:
+        """Follow a sealed lane; if the server cannot say now, let another sender ask again later."""
+        try:
+            self._follow(lane)
+        except _TRANSIENT:
+            with self._cond:
+                if time.monotonic() - lane.sealed_at > self.resend_timeout_s:
+                    raise
+                lane.following = False
+            time.sleep(_BACKOFF_S[1])
 
     def _follow(self, lane: _Lane) -> None:
         """A sealed lane: settle what landed, then move the rest to the successors, in order."""
