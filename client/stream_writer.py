@@ -54,8 +54,15 @@ DEFAULT_SENDERS = 8
 # How long a batch is resent after connection errors, throttling or unknown outcomes before the writer fails.
 DEFAULT_RESEND_TIMEOUT_S = 60.0
 _BACKOFF_S = (0.05, 1.0)
-# What a resend may cure: the server did not answer, pushed back, or may not have applied the request.
-_TRANSIENT = (requests.ConnectionError, requests.Timeout, Throttled, OutcomeUnknown)
+# What a resend may cure: the server did not answer (or not whole), pushed back, or may not have
+# applied the request.
+_TRANSIENT = (
+    requests.ConnectionError,
+    requests.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    Throttled,
+    OutcomeUnknown,
+)
 QUEUED, SENDING, WAITING, SEALED, DONE = "queued", "sending", "waiting", "sealed", "done"
 
 
