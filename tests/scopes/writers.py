@@ -19,13 +19,17 @@ class KeyedWriters:
     of them must end up stored once a writer is flushed.
     """
 
-    def __init__(self, client: SegmentClient, scope: str, stream: str, keys: list[str], threads: int) -> None:
+    def __init__(
+        self, client: SegmentClient, scope: str, stream: str, keys: list[str], threads: int, **options: float
+    ) -> None:
         self.keys = keys
         self.written: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.writers = [StreamWriter(client, scope, stream, linger_s=0.002) for _ in range(threads)]
+        self.writers = [
+            StreamWriter(client, scope, stream, linger_s=0.002, **options) for _ in range(threads)
+        ]
         share = [keys[i::threads] for i in range(threads)]
         self._threads = [
             threading.Thread(target=self._run, args=(w, mine), daemon=True)
