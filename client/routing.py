@@ -6,7 +6,7 @@ bytes (big-endian), divided by 2^53: a float in [0, 1) that every Python
 double holds exactly. A segment covers ``[key_lo, key_hi)``; the segments of
 an epoch partition [0, 1), so each hash falls in exactly one
 (``KeyRanges.find``). The server imports this module (docs/design.md
-"Streams (seed 004; app/scopes/, the role of Pravega's Controller)").
+"Streams (seed 004; `app/scopes/`, the role of Pravega's Controller)").
 
 A ``Routing-Key`` header carries the key percent-encoded as UTF-8
 (``header_value``: printable ASCII); ``header_key`` is the reverse (a

@@ -2,7 +2,7 @@
 
 Each line is one JSON object with its kind in ``t``, appended with
 ``Expected-Offset`` at the length its writer read (docs/design.md
-"Streams (seed 004; app/scopes/, the role of Pravega's Controller)"):
+"Streams (seed 004; `app/scopes/`, the role of Pravega's Controller)"):
 
 - ``created``: ``config``, ``incarnation``, ``time`` and the ``segments`` of
   epoch 0 (``[{"id", "lo", "hi"}]``); a transition like a scale's, ended by
