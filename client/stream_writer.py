@@ -2,8 +2,10 @@
 
 Each ``write`` routes its event by the key's hash (``client/routing.py``) to
 the current segment covering it, and queues it, framed (``client/events.py``),
-in that segment's lane. A lane sends batches (bounded by size and linger
-time) straight to its segment with the native API's headers: ``Writer-Id``
+in that segment's lane. A lane sends batches straight to its segment
+(a batch goes when it is full, or when its linger time is over and none of
+the lane's is in flight, so batches grow under load) with the native API's
+headers: ``Writer-Id``
 (one per writer), ``Event-Number`` (the batch's last number; numbers grow
 across the writer's batches), ``Event-Count`` and ``Previous-Event-Number``
 (the number of the lane's batch before it). Up to ``max_in_flight`` batches
@@ -63,13 +65,13 @@ _TRANSIENT = (
     Throttled,
     OutcomeUnknown,
 )
+# Routing keys whose hash and lane a writer remembers.
+_ROUTES_KEPT = 65536
 QUEUED, SENDING, WAITING, SEALED, DONE = "queued", "sending", "waiting", "sealed", "done"
 
 
-@dataclass(slots=True)
-class _Event:
-    data: bytes  # framed
-    point: float  # the key's hash
+# An event as queued: its frame, and its key's hash (to route it again after a seal).
+_Event = tuple[bytes, float]
 
 
 @dataclass(slots=True)
@@ -137,7 +139,8 @@ class StreamWriter:
         self._flushers = 0
         self._closed = False
         self._error: BaseException | None = None
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self._routes: dict[str, tuple[float, _Lane]] = {}
         self._threads = [
             threading.Thread(target=self._run, name=f"StreamWriter:{scope}/{stream}:{i}", daemon=True)
             for i in range(senders)
@@ -148,14 +151,30 @@ class StreamWriter:
     # ------------------------------------------------------------------ public
     def write(self, payload: bytes, routing_key: str | None = None) -> None:
         """Queue one event (a random key when none); blocks while too many bytes wait to be sent."""
-        event = _Event(frame(payload), key_hash(routing_key if routing_key is not None else uuid.uuid4().hex))
+        data = frame(payload)
         with self._cond:
             while self._pending_bytes >= self.max_pending_bytes and self._error is None and not self._closed:
                 self._cond.wait()
             self._raise_if_unusable()
-            self._queue(self._lanes[self._ranges.find(event.point).segment], event)
+            point, lane = self._route(routing_key)
+            self._queue(lane, (data, point))
             self._unacked += 1
-            self._cond.notify_all()
+            # The senders need to hear of a lane's first event (its linger starts) and of a full batch.
+            if len(lane.pending) == 1 or lane.pending_bytes >= self.max_batch_bytes:
+                self._cond.notify_all()
+
+    def _route(self, key: str | None) -> tuple[float, _Lane]:
+        """Under the lock: the key's hash and lane, remembered per key until the routing changes."""
+        if key is None:
+            point = key_hash(uuid.uuid4().hex)
+            return point, self._lanes[self._ranges.find(point).segment]
+        found = self._routes.get(key)
+        if found is None:
+            if len(self._routes) >= _ROUTES_KEPT:
+                self._routes.clear()
+            point = key_hash(key)
+            found = self._routes[key] = (point, self._lanes[self._ranges.find(point).segment])
+        return found
 
     def flush(self) -> None:
         """Send what is queued now and block until all of it is acknowledged; raise the first error."""
@@ -202,8 +221,8 @@ class StreamWriter:
         if not lane.pending:
             lane.first_pending_at = time.monotonic()
         lane.pending.append(event)
-        lane.pending_bytes += len(event.data)
-        self._pending_bytes += len(event.data)
+        lane.pending_bytes += len(event[0])
+        self._pending_bytes += len(event[0])
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -229,21 +248,25 @@ class StreamWriter:
                             batch.state = SENDING
                             return lane, batch
                         wake = min(wake or batch.not_before, batch.not_before)
-                if lane.pending and lane.unacked_batches() < self.max_in_flight:
+                in_flight = lane.unacked_batches()
+                if lane.pending and in_flight < self.max_in_flight:
+                    # A full batch goes at once; a partial one when its linger is over and none is in
+                    # flight (then the next ones grow while it is), or on a flush.
                     due_at = lane.first_pending_at + self.linger_s
                     urgent = self._flushers > 0 or self._closed or lane.pending_bytes >= self.max_batch_bytes
-                    if urgent or due_at <= now:
+                    if urgent or (due_at <= now and in_flight == 0):
                         return lane, self._form(lane)
-                    wake = min(wake or due_at, due_at)
+                    if in_flight == 0:
+                        wake = min(wake or due_at, due_at)
             self._cond.wait(None if wake is None else max(0.0, wake - now))
 
     def _form(self, lane: _Lane) -> _Batch:
         """Take a batch off the lane's queue and number it."""
         events = [lane.pending.popleft()]
-        size = len(events[0].data)
-        while lane.pending and size + len(lane.pending[0].data) <= self.max_batch_bytes:
+        size = len(events[0][0])
+        while lane.pending and size + len(lane.pending[0][0]) <= self.max_batch_bytes:
             events.append(lane.pending.popleft())
-            size += len(events[-1].data)
+            size += len(events[-1][0])
         lane.pending_bytes -= size
         self._pending_bytes -= size
         if lane.pending:
@@ -274,7 +297,7 @@ class StreamWriter:
 
     def _send(self, lane: _Lane, batch: _Batch) -> None:
         """One batch as one conditional, deduplicated append; its outcome moves the lane on."""
-        data = b"".join(e.data for e in batch.events)
+        data = b"".join(e[0] for e in batch.events)
         try:
             self.client.append(
                 lane.segment.name,
@@ -363,9 +386,10 @@ class StreamWriter:
             for successor in successors:
                 self._lanes.setdefault(successor.id, _Lane(successor))
             self._ranges = KeyRanges(_replaced(self._ranges.ranges, lane.segment, successors))
+            self._routes.clear()
             del self._lanes[lane.segment.id]
             for event in moved:
-                self._queue(self._lanes[self._ranges.find(event.point).segment], event)
+                self._queue(self._lanes[self._ranges.find(event[1]).segment], event)
             self._cond.notify_all()
 
 
