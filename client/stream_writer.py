@@ -70,13 +70,10 @@ _ROUTES_KEPT = 65536
 QUEUED, SENDING, WAITING, SEALED, DONE = "queued", "sending", "waiting", "sealed", "done"
 
 
-# An event as queued: its frame, and its key's hash (to route it again after a seal).
-_Event = tuple[bytes, float]
-
-
 @dataclass(slots=True)
 class _Batch:
-    events: list[_Event]
+    frames: list[bytes]
+    points: list[float]  # each event's key hash (to route it again after a seal)
     first: int
     last: int
     previous: int | None  # the last number of the lane's batch before it (None: the lane's first)
@@ -91,7 +88,8 @@ class _Lane:
     """One segment's queue and batches in flight."""
 
     segment: StreamSegment
-    pending: deque[_Event] = field(default_factory=deque)
+    frames: list[bytes] = field(default_factory=list)  # queued, not yet in a batch
+    points: list[float] = field(default_factory=list)  # their keys' hashes
     pending_bytes: int = 0
     first_pending_at: float = 0.0
     batches: deque[_Batch] = field(default_factory=deque)
@@ -157,10 +155,10 @@ class StreamWriter:
                 self._cond.wait()
             self._raise_if_unusable()
             point, lane = self._route(routing_key)
-            self._queue(lane, (data, point))
+            self._queue(lane, data, point)
             self._unacked += 1
             # The senders need to hear of a lane's first event (its linger starts) and of a full batch.
-            if len(lane.pending) == 1 or lane.pending_bytes >= self.max_batch_bytes:
+            if len(lane.frames) == 1 or lane.pending_bytes >= self.max_batch_bytes:
                 self._cond.notify_all()
 
     def _route(self, key: str | None) -> tuple[float, _Lane]:
@@ -217,12 +215,13 @@ class StreamWriter:
         if self._closed:
             raise RuntimeError("write on a closed StreamWriter")
 
-    def _queue(self, lane: _Lane, event: _Event) -> None:
-        if not lane.pending:
+    def _queue(self, lane: _Lane, data: bytes, point: float) -> None:
+        if not lane.frames:
             lane.first_pending_at = time.monotonic()
-        lane.pending.append(event)
-        lane.pending_bytes += len(event[0])
-        self._pending_bytes += len(event[0])
+        lane.frames.append(data)
+        lane.points.append(point)
+        lane.pending_bytes += len(data)
+        self._pending_bytes += len(data)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -249,7 +248,7 @@ class StreamWriter:
                             return lane, batch
                         wake = min(wake or batch.not_before, batch.not_before)
                 in_flight = lane.unacked_batches()
-                if lane.pending and in_flight < self.max_in_flight:
+                if lane.frames and in_flight < self.max_in_flight:
                     # A full batch goes at once; a partial one when its linger is over and none is in
                     # flight (then the next ones grow while it is), or on a flush.
                     due_at = lane.first_pending_at + self.linger_s
@@ -261,20 +260,24 @@ class StreamWriter:
             self._cond.wait(None if wake is None else max(0.0, wake - now))
 
     def _form(self, lane: _Lane) -> _Batch:
-        """Take a batch off the lane's queue and number it."""
-        events = [lane.pending.popleft()]
-        size = len(events[0][0])
-        while lane.pending and size + len(lane.pending[0][0]) <= self.max_batch_bytes:
-            events.append(lane.pending.popleft())
-            size += len(events[-1][0])
+        """Take a batch off the lane's queue (all of it when it fits) and number it."""
+        count, size = len(lane.frames), lane.pending_bytes
+        if size > self.max_batch_bytes:
+            count, size = 1, len(lane.frames[0])
+            while count < len(lane.frames) and size + len(lane.frames[count]) <= self.max_batch_bytes:
+                size += len(lane.frames[count])
+                count += 1
+        frames, points = lane.frames[:count], lane.points[:count]
+        del lane.frames[:count], lane.points[:count]
         lane.pending_bytes -= size
-        self._pending_bytes -= size
-        if lane.pending:
+        if lane.frames:
             lane.first_pending_at = time.monotonic()
-        batch = _Batch(events, self._number + 1, self._number + len(events), lane.chain)
+        if self._pending_bytes >= self.max_pending_bytes:
+            self._cond.notify_all()  # writers wait for room
+        self._pending_bytes -= size
+        batch = _Batch(frames, points, self._number + 1, self._number + count, lane.chain)
         self._number = lane.chain = batch.last
         lane.batches.append(batch)
-        self._cond.notify_all()
         return batch
 
     # ------------------------------------------------------------------ sending
@@ -297,14 +300,14 @@ class StreamWriter:
 
     def _send(self, lane: _Lane, batch: _Batch) -> None:
         """One batch as one conditional, deduplicated append; its outcome moves the lane on."""
-        data = b"".join(e[0] for e in batch.events)
+        data = b"".join(batch.frames)
         try:
             self.client.append(
                 lane.segment.name,
                 data,
                 writer_id=self.writer_id,
                 event_number=batch.last,
-                event_count=len(batch.events),
+                event_count=len(batch.frames),
                 previous_event_number=batch.previous,
             )
         except ConditionalCheckFailed as refused:
@@ -337,7 +340,7 @@ class StreamWriter:
     def _acknowledged(self, lane: _Lane, batch: _Batch) -> None:
         batch.state = DONE
         lane.acked = max(lane.acked or 0, batch.last)
-        self._unacked -= len(batch.events)
+        self._unacked -= len(batch.frames)
         while lane.batches and lane.batches[0].state == DONE:
             lane.batches.popleft()
         self._release_waiting(lane)
@@ -367,20 +370,22 @@ class StreamWriter:
         final = self.client.writer_event_number(lane.segment.name, self.writer_id)
         successors, _ = self.streams.successors(self.scope, self.stream, lane.segment.id)
         with self._cond:
-            moved: list[_Event] = []
+            frames: list[bytes] = []
+            points: list[float] = []
             for batch in list(lane.batches):
                 if batch.state == DONE:
                     continue
                 if final is not None and batch.last <= final:
                     self._acknowledged(lane, batch)  # it landed; its answer was lost, or said sealed
                 else:
-                    moved.extend(batch.events)
-            moved.extend(lane.pending)
+                    frames.extend(batch.frames)
+                    points.extend(batch.points)
+            frames.extend(lane.frames)
+            points.extend(lane.points)
             self._pending_bytes -= lane.pending_bytes
             lane.batches.clear()
-            lane.pending.clear()
             if not successors:
-                detail = f"{lane.segment.name} was sealed with the stream; {len(moved)} events not written"
+                detail = f"{lane.segment.name} was sealed with the stream; {len(frames)} events not written"
                 self._fail(StreamSealed(409, "StreamSealed", detail))
                 return
             for successor in successors:
@@ -388,8 +393,8 @@ class StreamWriter:
             self._ranges = KeyRanges(_replaced(self._ranges.ranges, lane.segment, successors))
             self._routes.clear()
             del self._lanes[lane.segment.id]
-            for event in moved:
-                self._queue(self._lanes[self._ranges.find(event[1]).segment], event)
+            for data, point in zip(frames, points, strict=True):
+                self._queue(self._lanes[self._ranges.find(point).segment], data, point)
             self._cond.notify_all()
 
 
