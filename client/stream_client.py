@@ -171,9 +171,8 @@ class StreamClient:
         event_number: int | None = None,
     ) -> dict[str, Any]:
         """One event (``POST .../events``); returns ``{"segment", "offset"}`` or a duplicate's answer."""
-        headers = _event_headers(routing_key, writer_id, event_number)
         path = stream_path(scope, stream) + "/events"
-        return self._call("POST", path, safe=writer_id is not None, data=payload, headers=headers)
+        return self._post_event(path, payload, routing_key, writer_id, event_number)
 
     def cut(self, scope: str, stream: str, at: str = "tail") -> StreamCut:
         """The ``head`` or ``tail`` stream cut."""
@@ -208,8 +207,25 @@ class StreamClient:
         event_number: int | None = None,
     ) -> dict[str, Any]:
         """One event into an open transaction; returns ``{"segment"}`` (where it will be visible)."""
-        headers = _event_headers(routing_key, writer_id, event_number)
         path = f"{stream_path(scope, stream)}/transactions/{txid}/events"
+        return self._post_event(path, payload, routing_key, writer_id, event_number)
+
+    def _post_event(
+        self,
+        path: str,
+        payload: bytes,
+        routing_key: str | None,
+        writer_id: uuid.UUID | str | None,
+        event_number: int | None,
+    ) -> dict[str, Any]:
+        """One event with its key (percent-encoded) and writer; resent after a lost answer with a writer."""
+        headers = {"Content-Type": "application/octet-stream"}
+        if routing_key is not None:
+            headers["Routing-Key"] = header_value(routing_key)
+        if writer_id is not None:
+            headers["Writer-Id"] = str(writer_id)
+        if event_number is not None:
+            headers["Event-Number"] = str(event_number)
         return self._call("POST", path, safe=writer_id is not None, data=payload, headers=headers)
 
     def commit(self, scope: str, stream: str, txid: str) -> dict[str, Any]:
@@ -217,16 +233,3 @@ class StreamClient:
 
     def abort(self, scope: str, stream: str, txid: str) -> dict[str, Any]:
         return self._call("POST", f"{stream_path(scope, stream)}/transactions/{txid}:abort", safe=True)
-
-
-def _event_headers(
-    routing_key: str | None, writer_id: uuid.UUID | str | None, event_number: int | None
-) -> dict[str, str]:
-    headers = {"Content-Type": "application/octet-stream"}
-    if routing_key is not None:
-        headers["Routing-Key"] = header_value(routing_key)
-    if writer_id is not None:
-        headers["Writer-Id"] = str(writer_id)
-    if event_number is not None:
-        headers["Event-Number"] = str(event_number)
-    return headers

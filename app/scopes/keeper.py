@@ -16,9 +16,9 @@ to another node) a segment's rate is known again once a window passed.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
+from app.periodic import Periodic
 from app.scopes import autoscale, scaling
 from app.scopes.controller import Controller
 from app.scopes.log import now
@@ -28,33 +28,13 @@ from engine import SegstoreError
 log = logging.getLogger(__name__)
 
 
-class Keeper:
-    """Runs ``round()`` every ``interval_s`` in a thread of its own, until stopped."""
+class Keeper(Periodic):
+    """Runs ``round()`` every ``stream_scale_sample_s`` in a thread of its own, until stopped."""
 
     def __init__(self, ctl: Controller) -> None:
+        super().__init__("stream-keeper", ctl.settings.stream_scale_sample_s, ctl.store, self.round)
         self.ctl = ctl
-        self.interval_s = ctl.settings.stream_scale_sample_s
         self.rates = autoscale.Rates(ctl.settings.stream_scale_window_s)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="stream-keeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval_s):
-            if not self.ctl.store.ready:
-                continue
-            try:
-                self.round()
-            except SegstoreError as exc:  # a listing while a container moves: the next round
-                log.info("stream keeper: %s %s", exc.code, exc.detail)
-            except Exception:  # the keeper must outlive a bad record; the next round tries again
-                log.exception("stream keeper failed")
 
     def round(self) -> None:
         """Finish and auto-scale every stream served here, once."""

@@ -20,20 +20,12 @@ from client.stream_client import StreamClient
 from engine.naming import container_for
 from tests.conftest import random_seed
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
+from tests.test_cluster_nodes import CONTAINERS, MOVE_S
+from tests.test_cluster_nodes import SETTINGS as NODE_SETTINGS
 
 pytestmark = pytest.mark.slow
 
-LEASE_S = 3
-CONTAINERS = 4
-SETTINGS = {
-    "SEGSTORE_LEASE_S": str(LEASE_S),
-    "SEGSTORE_CONTAINER_COUNT": str(CONTAINERS),
-    "SEGSTORE_LOG_LEVEL": "warning",
-    "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
-    "SEGSTORE_STREAM_SCALE_SAMPLE_S": "0.5",
-    "SEGSTORE_STREAM_SCALE_WINDOW_S": "1",
-}
-MOVE_S = LEASE_S + 60  # a lease running out, a claim, and recovery on a busy machine
+SETTINGS = {**NODE_SETTINGS, "SEGSTORE_STREAM_SCALE_SAMPLE_S": "0.5", "SEGSTORE_STREAM_SCALE_WINDOW_S": "1"}
 RECORD = "#scopes/streams/sc/k"
 
 

@@ -11,7 +11,6 @@ before it is still there; then the same request, sent again, completes it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +20,8 @@ import pytest
 from app.scopes import cuts, events, records, scaling, transactions
 from app.scopes.controller import Controller
 from app.scopes.errors import StreamNotFound
-from engine import SegmentNotFound, Settings
-from tests.crashing import Crash, crash_after, open_store
+from engine import SegmentNotFound, SegmentStore, Settings
+from tests.crashing import crash_everywhere
 from tests.scopes.conftest import frames
 
 WRITER = uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e")
@@ -56,34 +55,20 @@ def crash_at_every_step(
     check: Check,
 ) -> int:
     """Cut ``procedure`` after each change in turn; ``check(ctl, done)`` after each restart and retry."""
-    for steps in itertools.count():
-        settings = _settings(tmp_path / f"cut-after-{steps}")
-        store = open_store(settings)
-        try:
-            built = Controller(store)
-            built.create_scope("sc")
-            build(built)
-        finally:
-            store.close()
-        store = open_store(settings)
-        crashed = False
-        try:
-            with crash_after(store, steps):
-                procedure(Controller(store))
-        except Crash:
-            crashed = True
-        finally:
-            store.close()
-        store = open_store(settings)
-        try:
-            check(Controller(store), not crashed)
-            procedure(Controller(store))
-            check(Controller(store), True)
-        finally:
-            store.close()
-        if not crashed:
-            return steps
-    raise AssertionError("unreachable")
+
+    def built(store: SegmentStore) -> None:
+        ctl = Controller(store)
+        ctl.create_scope("sc")
+        build(ctl)
+
+    return crash_everywhere(
+        tmp_path,
+        _settings,
+        built,
+        lambda store: procedure(Controller(store)),
+        lambda store: check(Controller(store), True),
+        lambda store, done: check(Controller(store), done),
+    )
 
 
 def test_a_create_cut_short_is_whole_or_absent(tmp_path: Path) -> None:
