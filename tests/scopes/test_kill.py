@@ -30,7 +30,7 @@ from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, rea
 
 pytestmark = pytest.mark.slow
 
-CYCLES = 3
+CYCLES = 2
 TXN_TIMEOUT_S = 5
 ENV = {
     "SEGSTORE_LOG_LEVEL": "warning",
