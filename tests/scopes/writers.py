@@ -11,9 +11,13 @@ from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from client.stream_writer import StreamWriter
 
+PACE_S = 0.005
+
 
 class KeyedWriters:
-    """Threads writing ``key:n`` events (n = 1, 2, ... per key) through one StreamWriter each.
+    """Threads writing ``key:n`` events (n = 1, 2, ... per key) through one StreamWriter each, one
+    event of each of their keys every ``PACE_S`` (enough to keep every segment busy, few enough to
+    read back quickly).
 
     ``written`` is how many events of each key were handed to a writer; all
     of them must end up stored once a writer is flushed.
@@ -43,7 +47,7 @@ class KeyedWriters:
 
     def _run(self, writer: StreamWriter, keys: list[str]) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stop.wait(PACE_S):
                 for key in keys:
                     with self._lock:
                         self.written[key] += 1
@@ -66,13 +70,12 @@ def read_in_successor_order(client: SegmentClient, scope: str, stream: str) -> d
     """Every key's event numbers, reading each segment whole, predecessors before successors.
 
     Segment ids grow along every successor chain, so ascending ids are an
-    order in which every segment comes after all its predecessors.
+    order in which every segment comes after all its predecessors; the
+    newest ids are the current segments'.
     """
-    streams = StreamClient(client)
-    epoch, _ = streams.segments(scope, stream)
-    ids = sorted({s.id for e in range(epoch + 1) for s in streams.segments(scope, stream, e)[1]})
+    _, current = StreamClient(client).segments(scope, stream)
     found: dict[str, list[int]] = defaultdict(list)
-    for segment_id in ids:
+    for segment_id in range(max(s.id for s in current) + 1):
         for event in EventReader(client, f"{scope}/{stream}/{segment_id}"):
             key, _, number = event.payload.decode().rpartition(":")
             found[key].append(int(number))
