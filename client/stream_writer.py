@@ -137,7 +137,11 @@ class StreamWriter:
         self._flushers = 0
         self._closed = False
         self._error: BaseException | None = None
-        self._cond = threading.Condition(threading.Lock())
+        # One lock; senders wait for work on one condition, writers and flushers for room and
+        # acknowledgements on the other, so each wake-up reaches only those it concerns.
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)
         self._routes: dict[str, tuple[float, _Lane]] = {}
         self._threads = [
             threading.Thread(target=self._run, name=f"StreamWriter:{scope}/{stream}:{i}", daemon=True)
@@ -150,16 +154,17 @@ class StreamWriter:
     def write(self, payload: bytes, routing_key: str | None = None) -> None:
         """Queue one event (a random key when none); blocks while too many bytes wait to be sent."""
         data = frame(payload)
-        with self._cond:
+        with self._lock:
             while self._pending_bytes >= self.max_pending_bytes and self._error is None and not self._closed:
-                self._cond.wait()
+                self._room.wait()
             self._raise_if_unusable()
             point, lane = self._route(routing_key)
             self._queue(lane, data, point)
             self._unacked += 1
-            # The senders need to hear of a lane's first event (its linger starts) and of a full batch.
-            if len(lane.frames) == 1 or lane.pending_bytes >= self.max_batch_bytes:
-                self._cond.notify_all()
+            # A sender needs to hear of a full batch, and of the first event of an idle lane (its
+            # linger starts); a lane with a batch in flight is looked at again when that one is answered.
+            if lane.pending_bytes >= self.max_batch_bytes or (len(lane.frames) == 1 and not lane.batches):
+                self._work.notify()
 
     def _route(self, key: str | None) -> tuple[float, _Lane]:
         """Under the lock: the key's hash and lane, remembered per key until the routing changes."""
@@ -176,12 +181,12 @@ class StreamWriter:
 
     def flush(self) -> None:
         """Send what is queued now and block until all of it is acknowledged; raise the first error."""
-        with self._cond:
+        with self._lock:
             self._flushers += 1
-            self._cond.notify_all()
+            self._work.notify_all()
             try:
                 while self._unacked > 0 and self._error is None:
-                    self._cond.wait()
+                    self._room.wait()
             finally:
                 self._flushers -= 1
             if self._error is not None:
@@ -189,9 +194,10 @@ class StreamWriter:
 
     def close(self) -> None:
         """Send everything queued, stop the senders, and raise the first error if any."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
+            self._room.notify_all()
         for thread in self._threads:
             thread.join()
         if self._error is not None:
@@ -205,7 +211,7 @@ class StreamWriter:
 
     def segments(self) -> list[StreamSegment]:
         """The segments this writer sends to now (it learns successors as segments are sealed)."""
-        with self._cond:
+        with self._lock:
             return [lane.segment for lane in self._lanes.values()]
 
     # ------------------------------------------------------------------ queueing
@@ -226,10 +232,23 @@ class StreamWriter:
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
-        self._cond.notify_all()
+        self._work.notify_all()
+        self._room.notify_all()
 
     def _next_job(self) -> tuple[_Lane, _Batch | None] | None:
-        """Under the lock: wait for a batch to send, or a sealed lane to follow (its batch None)."""
+        """Under the lock: wait for a batch to send, or a sealed lane to follow (its batch None).
+
+        A sender that takes a job wakes another, which looks for more; one that finds the writer
+        done (or failed) wakes them all, to stop.
+        """
+        job = self._find_job()
+        if job is None:
+            self._work.notify_all()
+        else:
+            self._work.notify()
+        return job
+
+    def _find_job(self) -> tuple[_Lane, _Batch | None] | None:
         while True:
             if self._error is not None or (self._closed and self._unacked == 0):
                 return None
@@ -257,7 +276,7 @@ class StreamWriter:
                         return lane, self._form(lane)
                     if in_flight == 0:
                         wake = min(wake or due_at, due_at)
-            self._cond.wait(None if wake is None else max(0.0, wake - now))
+            self._work.wait(None if wake is None else max(0.0, wake - now))
 
     def _form(self, lane: _Lane) -> _Batch:
         """Take a batch off the lane's queue (all of it when it fits) and number it."""
@@ -273,7 +292,7 @@ class StreamWriter:
         if lane.frames:
             lane.first_pending_at = time.monotonic()
         if self._pending_bytes >= self.max_pending_bytes:
-            self._cond.notify_all()  # writers wait for room
+            self._room.notify_all()  # writers wait for room
         self._pending_bytes -= size
         batch = _Batch(frames, points, self._number + 1, self._number + count, lane.chain)
         self._number = lane.chain = batch.last
@@ -283,7 +302,7 @@ class StreamWriter:
     # ------------------------------------------------------------------ sending
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 job = self._next_job()
             if job is None:
                 return
@@ -294,7 +313,7 @@ class StreamWriter:
                 else:
                     self._follow_or_pause(lane)
             except BaseException as err:
-                with self._cond:
+                with self._lock:
                     self._fail(err)
                 return
 
@@ -314,27 +333,27 @@ class StreamWriter:
             stored = refused.writer_event_number
             if batch.previous is None or (stored is not None and stored >= batch.previous):
                 raise  # only an overtaken batch is refused, and then the stored number is older
-            with self._cond:
+            with self._lock:
                 batch.state = WAITING
                 self._release_waiting(lane)
             return
         except SegmentSealed:
-            with self._cond:
+            with self._lock:
                 batch.state = SEALED
                 if not lane.sealed:
                     lane.sealed, lane.sealed_at = True, time.monotonic()
-                self._cond.notify_all()
+                self._work.notify()
             return
         except _TRANSIENT:
-            with self._cond:
+            with self._lock:
                 if time.monotonic() - batch.started > self.resend_timeout_s:
                     raise
                 batch.tries += 1
                 batch.state = QUEUED
                 batch.not_before = time.monotonic() + min(_BACKOFF_S[0] * 2**batch.tries, _BACKOFF_S[1])
-                self._cond.notify_all()
+                self._work.notify()
             return
-        with self._cond:
+        with self._lock:
             self._acknowledged(lane, batch)
 
     def _acknowledged(self, lane: _Lane, batch: _Batch) -> None:
@@ -343,6 +362,7 @@ class StreamWriter:
         self._unacked -= len(batch.frames)
         while lane.batches and lane.batches[0].state == DONE:
             lane.batches.popleft()
+        self._room.notify_all()  # flushers
         self._release_waiting(lane)
 
     def _release_waiting(self, lane: _Lane) -> None:
@@ -352,14 +372,14 @@ class StreamWriter:
             if batch.state == WAITING and ready:
                 batch.state = QUEUED
                 batch.not_before = 0.0
-        self._cond.notify_all()
+        self._work.notify()  # the lane may have a batch to send (again) now
 
     def _follow_or_pause(self, lane: _Lane) -> None:
         """Follow a sealed lane; if the server cannot say now, let another sender ask again later."""
         try:
             self._follow(lane)
         except _TRANSIENT:
-            with self._cond:
+            with self._lock:
                 if time.monotonic() - lane.sealed_at > self.resend_timeout_s:
                     raise
                 lane.following = False
@@ -369,7 +389,7 @@ class StreamWriter:
         """A sealed lane: settle what landed, then move the rest to the successors, in order."""
         final = self.client.writer_event_number(lane.segment.name, self.writer_id)
         successors, _ = self.streams.successors(self.scope, self.stream, lane.segment.id)
-        with self._cond:
+        with self._lock:
             frames: list[bytes] = []
             points: list[float] = []
             for batch in list(lane.batches):
@@ -395,7 +415,7 @@ class StreamWriter:
             del self._lanes[lane.segment.id]
             for data, point in zip(frames, points, strict=True):
                 self._queue(self._lanes[self._ranges.find(point).segment], data, point)
-            self._cond.notify_all()
+            self._work.notify_all()
 
 
 def _replaced(
