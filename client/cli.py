@@ -156,8 +156,8 @@ def _stream_command(client: SegmentClient, args: argparse.Namespace, stdin: Bina
             out.write(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\tafter {before}\n".encode())
     elif args.verb == "scale":
         seal = [int(part) for part in args.seal.split(",")]
-        ranges = [tuple(float(x) for x in part.split(":")) for part in args.ranges.split(",")]
-        epoch, made = streams.scale(scope, stream, seal, ranges)  # type: ignore[arg-type]
+        bounds = [part.partition(":") for part in args.ranges.split(",")]
+        epoch, made = streams.scale(scope, stream, seal, [(float(lo), float(hi)) for lo, _, hi in bounds])
         out.write(f"epoch {epoch}\n".encode())
         out.write("".join(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\n" for s in made).encode())
     elif args.verb == "cut":

@@ -73,22 +73,22 @@ def decide(
     if policy.type == "fixed" or state.pending is not None or state.sealing:
         return None
     current = state.current
-
-    def ripe(segment: records.Segment) -> bool:
-        born = state.epochs[segment.epoch].time
-        return rates.get(segment.id) is not None and wall_now - born >= settings.stream_scale_cooldown_s
-
-    hot = [s for s in current if ripe(s) and rates[s.id] > policy.target]  # type: ignore[operator]
+    cooled = wall_now - settings.stream_scale_cooldown_s
+    # The rates of the segments old enough to judge, whose samples span the window.
+    known = {
+        s.id: rate
+        for s in current
+        if (rate := rates.get(s.id)) is not None and state.epochs[s.epoch].time <= cooled
+    }
+    hot = [s for s in current if known.get(s.id, 0.0) > policy.target]
     if hot:
-        hottest = max(hot, key=lambda s: rates[s.id])  # type: ignore[arg-type,return-value]
-        rate = rates[hottest.id]
-        assert rate is not None
-        parts = min(max(2, math.ceil(rate / policy.target)), max(2, policy.factor))
+        hottest = max(hot, key=lambda s: known[s.id])
+        parts = min(max(2, math.ceil(known[hottest.id] / policy.target)), max(2, policy.factor))
         return [hottest.id], ranges.split(hottest.lo, hottest.hi, parts)
     if len(current) <= policy.min_segments:
         return None
     for a, b in itertools.pairwise(current):
-        cold = all(ripe(s) and rates[s.id] < policy.target / 2 for s in (a, b))  # type: ignore[operator]
+        cold = all(s.id in known and known[s.id] < policy.target / 2 for s in (a, b))
         if cold and a.hi == b.lo:
             return [a.id, b.id], [(a.lo, b.hi)]
     return None

@@ -21,6 +21,7 @@ from app.scopes import records
 from app.scopes.errors import StreamNotFound
 from app.scopes.names import stream_record
 from engine import (
+    AppendResult,
     AppendStep,
     ConditionalCheckFailed,
     CreateStep,
@@ -101,8 +102,9 @@ class RecordLog:
     def create(self, scope: str, stream: str, first_line: bytes) -> Loaded:
         """Write a new record holding ``first_line`` (``created``); SegmentExists if there is one."""
         name = stream_record(scope, stream)
-        result = self.store.composite([CreateStep(name), AppendStep(name, first_line)], anywhere=True)
-        info = result[1].info  # type: ignore[union-attr]
+        result = self.store.composite([CreateStep(name), AppendStep(name, first_line)], anywhere=True)[1]
+        assert isinstance(result, AppendResult)
+        info = result.info
         docs, used = records.parse(first_line)
         loaded = Loaded(records.first_state(scope, stream, docs[0]), name, info.segment_id, used)
         with self._lock:
@@ -125,7 +127,7 @@ class RecordLog:
         docs, used = records.parse(data)
         state = records.fold(loaded.state, docs)
         after = Loaded(state, loaded.record, loaded.segment_id, loaded.length + used)
-        assert result is not None and result.info.segment_id == loaded.segment_id  # type: ignore[union-attr]
+        assert isinstance(result, AppendResult) and result.info.segment_id == loaded.segment_id
         with self._lock:
             known = self._cache.get(loaded.record)
             if known is None or known.segment_id != after.segment_id or known.length < after.length:

@@ -151,7 +151,12 @@ def _config(body: dict[str, Any]) -> records.StreamConfig:
 def _ids(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not value or len(value) > SEGMENTS_MAX:
         raise InvalidArgument(f"{what} must be a list of 1 to {SEGMENTS_MAX} segment ids")
-    return [params.json_int({what: v}, what, minimum=0) for v in value]  # type: ignore[misc]
+    found = []
+    for item in value:
+        number = params.json_int({what: item}, what, minimum=0)
+        assert number is not None  # the key is there
+        found.append(number)
+    return found
 
 
 def _ranges(value: Any) -> list[ranges.Range]:
