@@ -4,28 +4,32 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test lint bench clean s3-deps spark-deps
+.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The server depends on the client's own distribution (segstore-client), installed from its folder.
+CLIENT := clients/python
+PROJECTS := pyproject.toml $(CLIENT)/pyproject.toml
+
 # Serving needs only the runtime dependencies.
-$(VENV)/.serve: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e .
+$(VENV)/.serve: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e $(CLIENT) -e .
 	touch $@
 
 # Optional extras: moto's S3 server (s3), the PySpark data source (spark). `test` has both.
-$(VENV)/.s3: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[s3]'
+$(VENV)/.s3: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e $(CLIENT) -e '.[s3]'
 	touch $@ $(VENV)/.serve
 
-$(VENV)/.spark: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[spark]'
+$(VENV)/.spark: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '$(CLIENT)[spark]' -e '.[spark]'
 	touch $@ $(VENV)/.serve
 
-$(VENV)/.test: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.test: $(PROJECTS) | $(BIN)/activate
+	$(BIN)/pip install --quiet -e '$(CLIENT)[spark]' -e '.[test]'
 	touch $@ $(VENV)/.serve $(VENV)/.s3 $(VENV)/.spark
 
 s3-deps: $(VENV)/.s3
@@ -42,12 +46,19 @@ cluster: $(VENV)/.s3
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
+# Two workers: the tests that start processes run on one of them, one at a time and in order
+# (tests/conftest.py), while the others share the second core.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
+
+# The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -q -m "not process" -n 2
 
 bench: $(VENV)/.serve
 	$(BIN)/python -m bench.appends
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(CLIENT)/build $(CLIENT)/*.egg-info

@@ -3,8 +3,8 @@
 ``native`` (``/v1/segments``), ``scopes`` (streams of parallel segments,
 ``/v1/scopes``), ``streams`` (Durable Streams, ``/v1/stream``) and ``s3``
 (path-style S3 at the root) each map their protocol onto segments;
-``auth``, ``errors``, ``ops``, ``inputs``, ``params`` and ``chunked_body``
-are the HTTP helpers they share.
+``auth``, ``errors``, ``ops``, ``inputs``, ``params``, ``periodic`` and
+``http_chunked`` are the HTTP helpers they share.
 
 ``create_app`` builds the store inside the calling process (a gunicorn
 worker, a test), starts its recovery in the background and serves requests
@@ -15,26 +15,41 @@ Nothing is built at import time.
 from __future__ import annotations
 
 from flask import Flask, Response
+from flask.json.provider import DefaultJSONProvider
 
-from app import auth, chunked_body, errors, forwarding, inputs, native, ops, peer, s3, scopes, streams
-from app.native import subject as native_subject
-from app.s3 import subject as s3_subject
-from app.scopes import subject as scopes_subject
-from app.streams import subject as streams_subject
-from engine import SegmentStore, Settings, load_settings
+from app.settings import HttpSettings, load_server_settings
+from engine import SegmentStore, Settings
 
 
-def create_app(settings: Settings | None = None) -> Flask:
-    """Build the app and its store (``settings`` default to ``load_settings()``)."""
-    settings = settings if settings is not None else load_settings()
+def create_app(settings: Settings | None = None, http: HttpSettings | None = None) -> Flask:
+    """Build the app and its store.
+
+    Without ``settings`` both the engine's and the server's come from
+    ``load_server_settings()``; with them alone, the server's are the defaults.
+    """
+    # The surfaces come with the app, not with the package: gunicorn's arbiter reads app.settings
+    # (deploy/gunicorn.conf.py) before gevent patches the worker, so it must not import clients of ssl.
+    from app import auth, errors, forwarding, http_chunked, inputs, native, ops, peer, s3, scopes, streams
+    from app.native import subject as native_subject
+    from app.s3 import subject as s3_subject
+    from app.scopes import subject as scopes_subject
+    from app.streams import subject as streams_subject
+
+    if settings is None:
+        settings, loaded = load_server_settings()
+        http = http or loaded
+    http = http or HttpSettings()
     app = Flask(__name__)
-    app.json.sort_keys = False
+    json = DefaultJSONProvider(app)
+    json.sort_keys = False  # answers list their fields in the order the docs give them
+    app.json = json
     store = SegmentStore(settings)
     store.start()
     app.extensions["segstore"] = store
+    app.extensions["segstore.http"] = http
     errors.register_error_handlers(app)
     app.before_request(inputs.require_utf8_path)  # first: auth judges names too
-    auth.install(app, settings)
+    auth.install(app, http)
     app.register_blueprint(ops.bp)
     peer.init_app(app, store)  # node-to-node calls of a cluster
     native.init_app(app)
@@ -51,10 +66,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         streams_subject.request_subject,
         s3_subject.request_subject,
     ]
-    app.wsgi_app = forwarding.Forwarding(app.wsgi_app, store, subjects)  # type: ignore[method-assign]
+    app.wsgi_app = forwarding.Forwarding(  # type: ignore[method-assign]
+        app.wsgi_app, store, subjects, takeover_wait_s=http.takeover_wait_s
+    )
     # Around every reader of a body (the stream append shortcut takes no chunked one).
-    chunked_limit = chunked_body.max_chunk_bytes(settings.max_append_bytes)
-    app.wsgi_app = chunked_body.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
+    chunked_limit = http_chunked.max_chunk_bytes(settings.max_append_bytes)
+    app.wsgi_app = http_chunked.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
     return app

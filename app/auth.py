@@ -57,7 +57,8 @@ from flask import Flask, current_app, request
 from werkzeug.wrappers import Request
 from werkzeug.wsgi import get_content_length, get_path_info
 
-from engine import PEER_PATH, InvalidArgument, SegstoreError, Settings
+from app.settings import HttpSettings
+from engine import PEER_PATH, InvalidArgument, SegstoreError
 
 _PEEK_BODY_MAX_BYTES = 64 * 1024
 _TOUCHES_KEY = "segstore.auth.touches"
@@ -162,7 +163,7 @@ def parse_s3_keys(text: str) -> dict[str, str]:
     return keys
 
 
-def load_auth(settings: Settings) -> AuthConfig:
+def load_auth(settings: HttpSettings) -> AuthConfig:
     """Read ``auth_file`` (if set) and ``s3_keys`` into an ``AuthConfig``."""
     secrets = parse_s3_keys(settings.s3_keys)
     tokens: list[tuple[bytes, Principal]] = []
@@ -295,7 +296,7 @@ def _native_check() -> None:
     judge(current_app, request.environ)
 
 
-def install(app: Flask, settings: Settings) -> None:
+def install(app: Flask, settings: HttpSettings) -> None:
     """Load the auth configuration into ``app`` and check every native request before its view."""
     app.extensions["segstore.auth"] = load_auth(settings)
     app.before_request(_native_check)

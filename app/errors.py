@@ -19,6 +19,7 @@ from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.http import HTTP_STATUS_CODES
 
+from app import ops
 from engine import EventNumberMismatch, InvalidArgument, SegmentInfo, SegstoreError, Throttled
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ def problem(code: str, detail: str, *, headers: dict[str, str] | None = None) ->
         "code": code,
         "detail": detail,
     }
-    response = Response(json.dumps(body), status=status, content_type=PROBLEM_JSON)
+    # Names in the detail stay readable: UTF-8, not \\u escapes.
+    response = Response(json.dumps(body, ensure_ascii=False), status=status, content_type=PROBLEM_JSON)
     response.headers.update(headers or {})
     return response
 
@@ -134,7 +136,7 @@ def render_segstore_error(err: SegstoreError) -> Response:
     if isinstance(err, EventNumberMismatch) and err.stored is not None:
         headers["Writer-Event-Number"] = str(err.stored)
     if status >= 500 and code not in ("Throttled", "StoreLocked", "StorageFull", "OutcomeUnknown"):
-        log.error("%s: %s", err.code, err.detail)
+        log.error("%s: %s: %s", ops.request_ref(), err.code, err.detail)
     return problem(code, err.detail, headers=headers)
 
 
@@ -164,8 +166,9 @@ def render_http_exception(err: HTTPException) -> Response:
 
 def render_unexpected(err: Exception) -> Response:
     """Anything not raised on purpose: log it whole, answer 500 without internals."""
-    log.exception("unhandled error in request", exc_info=err)
-    return problem("Internal", "internal server error; the server log has the details")
+    log.exception("unhandled error in %s", ops.request_ref(), exc_info=err)
+    request_id = ops.request_id(request.environ)
+    return problem("Internal", f"internal server error; the server log has request {request_id}")
 
 
 def register_error_handlers(app: Flask) -> None:

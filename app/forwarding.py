@@ -67,10 +67,13 @@ class _Unreachable(Exception):
 class Forwarding:
     """WSGI middleware: a request whose subject's container is served elsewhere goes to its node."""
 
-    def __init__(self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject]) -> None:
+    def __init__(
+        self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject], *, takeover_wait_s: float
+    ) -> None:
         self.app = app
         self.store = store
         self.subjects = tuple(subjects)
+        self.takeover_wait_s = takeover_wait_s
         self.http = requests.Session()
         self.silence_s = _owner_silence_s(store.settings)
 
@@ -82,7 +85,7 @@ class Forwarding:
             return self.app(environ, start_response)
         forwarded = bool(environ.get(_FORWARDED_KEY))
         container = container_for(subject, self.store.settings.container_count)
-        deadline = time.monotonic() + self.store.settings.takeover_wait_s
+        deadline = time.monotonic() + self.takeover_wait_s
         while True:
             if self.store.container_ready(container):
                 return self.app(environ, start_response)
@@ -93,7 +96,7 @@ class Forwarding:
                 try:
                     return self._forward(environ, start_response, *owner, deadline)
                 except _Unreachable:
-                    pass  # gone, or paused: wait for its lease to move
+                    self.store.owner_unreachable(owner[0])  # gone, or paused: wait for its lease to move
             left = deadline - time.monotonic()
             if left <= 0:
                 return self.app(environ, start_response)  # the surface answers 503 with Retry-After
@@ -148,7 +151,7 @@ def _owner_silence_s(settings: Settings) -> float:
     return settings.tail_wait_max_s + settings.lease_s
 
 
-def _refused(err: requests.ConnectionError) -> bool:
+def _refused(err: requests.RequestException) -> bool:
     """Whether the connection itself failed (nothing was sent), not the request on it."""
     reason = getattr(err.args[0], "reason", None) if err.args else None
     return isinstance(reason, NewConnectionError)

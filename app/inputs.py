@@ -7,7 +7,7 @@ for all of them.
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from flask import request
 
@@ -37,7 +37,7 @@ def require_utf8_path() -> None:
 
 
 def read_body(
-    stream: BinaryIO,
+    stream: IO[bytes],
     content_length: int | None,
     max_bytes: int,
     what: str,

@@ -12,6 +12,7 @@ healthy a server whose requests get 503 or 507.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
@@ -85,11 +86,35 @@ def _store() -> SegmentStore:
 
 
 ROUTE_KEY = "segstore.route"
+REQUEST_ID_KEY = "segstore.request_id"
 
 
 def set_route(route: str) -> None:
     """Label this request's metrics with ``route`` (a view that serves several patterns)."""
     request.environ[ROUTE_KEY] = route
+
+
+def route_of(environ: dict[str, Any]) -> str:
+    """The route pattern a view set with ``set_route``, else the matched rule's, else ``unmatched``."""
+    route = environ.get(ROUTE_KEY)
+    if route is None:
+        rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
+        route = rule.rule if rule is not None else "unmatched"
+    return route
+
+
+def request_id(environ: dict[str, Any]) -> str:
+    """The request's id, made when first asked for: its error answer and the server log name it."""
+    found = environ.get(REQUEST_ID_KEY)
+    if found is None:
+        found = environ[REQUEST_ID_KEY] = uuid.uuid4().hex[:16].upper()
+    return found
+
+
+def request_ref() -> str:
+    """What a logged error names its request by: ``GET /v1/segments/{name} request 1F0C...``."""
+    environ = request.environ
+    return f"{environ['REQUEST_METHOD']} {route_of(environ)} request {request_id(environ)}"
 
 
 class _RequestMetrics:
@@ -110,11 +135,9 @@ class _RequestMetrics:
 
         def record(status: str, headers: Any, exc_info: Any = None) -> Any:
             nonlocal event_stream
-            route = environ.get(ROUTE_KEY)
-            if route is None:
-                rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
-                route = rule.rule if rule is not None else "unmatched"
-            counter, latency = self.metrics.children(route, environ["REQUEST_METHOD"], int(status[:3]))
+            counter, latency = self.metrics.children(
+                route_of(environ), environ["REQUEST_METHOD"], int(status[:3])
+            )
             counter.inc()
             latency.observe(time.perf_counter() - started)
             if environ["REQUEST_METHOD"] == "GET":  # the one method that tails; appends skip the scan

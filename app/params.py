@@ -71,11 +71,6 @@ def _environ_header(environ: Mapping[str, Any], name: str) -> str | None:
     return None if value is None else _strip_ows(value)
 
 
-def int_header(request: Request, name: str, *, minimum: int = 0) -> int | None:
-    """An int64 header (``Event-Number``, ``Expected-Offset``, ...), or None when absent."""
-    return _environ_int_header(request.environ, name, minimum)
-
-
 def _environ_int_header(environ: Mapping[str, Any], name: str, minimum: int = 0) -> int | None:
     raw = _environ_header(environ, name)
     return None if raw is None else _int_in_range(raw, name, minimum, InvalidHeader)
@@ -327,8 +322,9 @@ def attribute_updates(body: dict[str, Any]) -> list[AttributeUpdate]:
         key = item.get("key")
         if not isinstance(key, str):
             raise InvalidArgument(f"{where}.key must be a UUID string")
+        kind_name = item.get("type")
         try:
-            kind = AttributeUpdateType(item.get("type"))
+            kind = AttributeUpdateType(kind_name if isinstance(kind_name, str) else "")
         except ValueError:
             known = ", ".join(t.value for t in AttributeUpdateType)
             got = json.dumps(item.get("type"))[:60]

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class Periodic:
     """Calls ``work()`` every ``interval_s`` once ``store`` is ready, in a thread named ``name``."""
 
-    def __init__(self, name: str, interval_s: float, store: SegmentStore, work: Callable[[], None]) -> None:
+    def __init__(self, name: str, interval_s: float, store: SegmentStore, work: Callable[[], object]) -> None:
         self.name = name
         self.interval_s = interval_s
         self.store = store

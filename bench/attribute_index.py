@@ -1,7 +1,7 @@
 """Attribute index benchmark: seed 001's Table 1 and Table 2, and warm lookups.
 
 ``python -m bench.attribute_index [--quick] [--repeat N] [--json PATH]`` drives
-``engine.attribute_index.AttributeIndex`` (32 KiB nodes) over an in-memory
+``engine.attributes.index.AttributeIndex`` (32 KiB nodes) over an in-memory
 attribute segment and prints, beside the seed's figures:
 
 - Table 1: 1,000,000 attributes inserted in sorted key order (random 16-byte
@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.common import Spread
-from engine.attribute_index import AttributeIndex, NodeCache
-from engine.attribute_index.memory import LivePageStore
-from engine.attribute_index.tree import COMPACTION_RATIO
+from engine.attributes.index import AttributeIndex, NodeCache
+from engine.attributes.index.memory import LivePageStore
+from engine.attributes.index.tree import COMPACTION_RATIO
 
 MB = 1_000_000
 MiB = 1024 * 1024

@@ -4,10 +4,18 @@
 port, a bucket, and three nodes (``a``, ``b``, ``c`` on ports 8080, 8081,
 8082) with Tier 1 and Tier 2 in that bucket and the defaults otherwise (any
 ``SEGSTORE_*`` setting in the environment reaches every node). It prints
-where each node is, then which node serves each container once they are
-spread, and stops everything on Ctrl-C (or SIGTERM): the nodes first,
-gracefully (they hand their containers over), then moto. Each server runs in
-its own process group, so a stop reaches a server's every process.
+the folder of the nodes' data and logs and where each node is, then which
+node serves each container once they are spread, and stops everything on
+Ctrl-C (or SIGTERM): the nodes first, gracefully (they hand their
+containers over), then moto. Each server runs in its own process group, so
+a stop reaches a server's every process.
+
+A playground for failover: a node that dies (``python -m
+bench.local_cluster kill b`` kills it with SIGKILL, every process of it)
+leaves the others serving, and ``python -m bench.local_cluster restart b``
+starts it again on its port and data folder. Both find the launcher through
+``cluster.json`` in the folder (the same ``--dir``). What a cluster leaves in
+the folder is removed when the next one starts, and kept until then.
 
 ``LocalCluster`` is the same cluster for the tests and the benchmarks, on a
 moto of their own or of the caller's.
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -31,10 +40,14 @@ from typing import Any
 import boto3
 import requests
 
-from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port
+from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port, group_alive
 
 NODE_IDS = "abcdefghij"
 BUCKET = "segstore"
+# Where make cluster keeps its nodes' data and logs unless --dir names another folder.
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "segstore-cluster"
+STATE_FILE = "cluster.json"
+RESTART_SUFFIX = ".restart"
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.2) -> None:
@@ -179,20 +192,61 @@ def _describe(cluster: LocalCluster) -> str:
     )
 
 
+def _write_state(cluster: LocalCluster) -> None:
+    """``cluster.json``: the launcher's pid and each node's URL, process group and log, for the verbs."""
+    nodes = {
+        node: {"url": server.url, "pid": server.proc and server.proc.pid, "log": str(server.log_path)}
+        for node, server in cluster.nodes.items()
+    }
+    state = cluster.workdir / STATE_FILE
+    state.with_suffix(".tmp").write_text(json.dumps({"launcher": os.getpid(), "nodes": nodes}, indent=2))
+    state.with_suffix(".tmp").replace(state)
+
+
+def _restart_asked(cluster: LocalCluster, node: str, server: ServerProcess) -> None:
+    """Start ``node`` again if ``restart`` asked for it (a request file beside the state)."""
+    request = cluster.workdir / f"{node}{RESTART_SUFFIX}"
+    if not request.exists():
+        return
+    request.unlink()
+    assert server.proc is not None
+    if server.proc.poll() is None:
+        return  # running: the verb refused already, or it came back meanwhile
+    print(f"starting node {node} again", flush=True)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        print(f"node {node} did not start: {exc}", flush=True)
+        return
+    _write_state(cluster)
+    print(f"node {node}: {server.url} again", flush=True)
+
+
 def _serve(cluster: LocalCluster) -> int:
-    """Print where everything is, then watch until a signal (0) or a server's death (1)."""
+    """Print where everything is, then watch until a signal (0) or moto's death (1).
+
+    A node that dies is reported once, with its log's tail; the others go on,
+    and ``restart`` starts it again.
+    """
+    print(f"data and logs: {cluster.workdir}", flush=True)
     print(f"S3 (moto): {cluster.endpoint}, bucket {cluster.bucket}", flush=True)
     for node, server in cluster.nodes.items():
         print(f"node {node}: {server.url}  (log {server.log_path})", flush=True)
+    _write_state(cluster)
     print("Ctrl-C stops the nodes and moto.", flush=True)
     first = next(iter(cluster.nodes))
     shown = False
+    reported: set[tuple[str, int]] = set()
     while True:
         for node, server in cluster.nodes.items():
             assert server.proc is not None
-            if server.proc.poll() is not None:
-                print(f"node {node} exited ({server.proc.returncode}):\n{server.log_tail()}", flush=True)
-                return 1
+            if server.proc.poll() is not None and (node, server.proc.pid) not in reported:
+                reported.add((node, server.proc.pid))
+                print(f"node {node} exited ({server.proc.returncode}):\n{server.log_tail(10)}", flush=True)
+                dir_flag = "" if cluster.workdir == DEFAULT_DIR else f" --dir {cluster.workdir}"
+                print(f"the other nodes go on; python -m bench.local_cluster restart {node}{dir_flag} "
+                      "starts it again", flush=True)
+            _restart_asked(cluster, node, server)
         moto = cluster.moto
         if moto is not None and moto.proc is not None and moto.proc.poll() is not None:
             print(f"moto exited:\n{cluster.moto.log_tail()}", flush=True)
@@ -200,7 +254,74 @@ def _serve(cluster: LocalCluster) -> int:
         if not shown and cluster.balanced(first):
             print(f"containers by node: {_describe(cluster)}", flush=True)
             shown = True
-        time.sleep(1)
+        time.sleep(0.5)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _state(workdir: Path) -> dict[str, Any] | None:
+    """What the launcher running from ``workdir`` wrote (None if none runs there)."""
+    try:
+        state = json.loads((workdir / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    return state if _alive(state["launcher"]) else None
+
+
+def _clear(workdir: Path) -> None:
+    """Remove what an earlier cluster left in ``workdir`` (its nodes' folders and logs), nothing else."""
+    for path in [workdir / STATE_FILE, workdir / "moto.log", *(workdir / n for n in NODE_IDS),
+                 *workdir.glob("server-*.log"), *workdir.glob(f"*{RESTART_SUFFIX}")]:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _node_state(workdir: Path, node: str) -> dict[str, Any]:
+    """``node``'s entry in the running launcher's state; SystemExit saying why when there is none."""
+    state = _state(workdir)
+    if state is None:
+        raise SystemExit(f"no cluster runs from {workdir} (start one with make cluster, or name its --dir)")
+    if node not in state["nodes"]:
+        raise SystemExit(f"no node {node!r} in {workdir}; the nodes are {', '.join(state['nodes'])}")
+    return state["nodes"][node]
+
+
+def _kill(workdir: Path, node: str) -> int:
+    """SIGKILL every process of ``node`` at once, as a machine crash would."""
+    found = _node_state(workdir, node)
+    if found["pid"] is None or not group_alive(found["pid"]):
+        print(f"node {node} is not running")
+        return 1
+    os.killpg(found["pid"], signal.SIGKILL)
+    print(f"node {node} killed (process group {found['pid']})")
+    return 0
+
+
+def _restart(workdir: Path, node: str, timeout_s: float = 90.0) -> int:
+    """Ask the launcher to start ``node`` again, and wait until it serves."""
+    found = _node_state(workdir, node)
+    if found["pid"] is not None and group_alive(found["pid"]):
+        print(f"node {node} is running (process group {found['pid']}); kill it first")
+        return 1
+    (workdir / f"{node}{RESTART_SUFFIX}").touch()
+
+    def serving() -> bool:
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(found["url"] + "/readyz", timeout=2).status_code == 200
+        return False
+
+    wait_for(serving, timeout_s, f"node {node} to serve again (its log: {found['log']})", every_s=0.5)
+    print(f"node {node}: {found['url']} again")
+    return 0
 
 
 class _Stop(Exception):
@@ -213,14 +334,25 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.local_cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("verb", nargs="?", default="run", choices=("run", "kill", "restart"),
+                        help="run a cluster (the default), or kill or restart one of its nodes")
+    parser.add_argument("node", nargs="?", help="the node to kill or restart (a, b, ...)")
     parser.add_argument("--nodes", type=int, default=3, help="how many nodes (3)")
     parser.add_argument("--port", type=int, default=8080,
                         help="the first node's port, the next ones follow (8080; 0: free ports)")
     parser.add_argument("--moto-port", type=int, default=5000, help="moto's port (5000; 0: a free one)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where data folders and logs go (kept; default a temporary folder, removed)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                        help=f"the nodes' data folders and logs, kept after a stop (default {DEFAULT_DIR})")
     args = parser.parse_args(argv)
-    workdir = args.dir or Path(tempfile.mkdtemp(prefix="segstore-cluster-"))
+    workdir = args.dir.resolve()
+    if args.verb != "run":
+        if args.node is None:
+            parser.error(f"{args.verb} needs a node (a, b, ...)")
+        return (_kill if args.verb == "kill" else _restart)(workdir, args.node)
+    running = _state(workdir)
+    if running is not None:
+        parser.error(f"a cluster runs from {workdir} already (launcher pid {running['launcher']})")
+    _clear(workdir)
     cluster = LocalCluster(workdir, nodes=args.nodes, port=args.port, moto_port=args.moto_port)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_stop)
@@ -235,9 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
         print("stopping the nodes and moto", flush=True)
         cluster.stop()
-        if args.dir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print("stopped", flush=True)
+        with contextlib.suppress(FileNotFoundError):
+            (workdir / STATE_FILE).unlink()
+    print(f"stopped; data and logs stay in {workdir}", flush=True)
     return code
 
 

@@ -134,7 +134,7 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
         deadline = time.monotonic() + 10
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+        while group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def stop(self, timeout_s: float = 40.0) -> int:
@@ -156,7 +156,7 @@ class ServerProcess:
                 self.kill()
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """True while a process of the group is still running (zombies awaiting reaping are dead).
 
     Every thread counts: a process whose main thread is a zombie while another

@@ -13,18 +13,21 @@ does not answer), which a service manager may start again. The engine's
 and the app's log lines go where gunicorn's own go, in its format.
 """
 
+import errno
 import logging
 import os
+import socket
 import sys
 
-from engine import SegstoreError, Settings, StoreLocked, Throttled, load_settings
+from app.settings import HttpSettings, load_server_settings
+from engine import SegstoreError, StoreLocked, Throttled
 
 # Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
 MISCONFIGURED = 3
 NOT_YET = 4
 
 
-def unauthenticated_bind_refusal(settings: Settings) -> str | None:
+def unauthenticated_bind_refusal(settings: HttpSettings) -> str | None:
     """Why the server must not start (an open bind with auth off), or None when it may.
 
     With no ``auth_file`` anyone who reaches the port may read, write and
@@ -40,7 +43,7 @@ def unauthenticated_bind_refusal(settings: Settings) -> str | None:
 
 
 try:
-    _settings = load_settings()
+    _, _settings = load_server_settings()
 except SegstoreError as _bad:  # a setting out of its range: one line naming it, no traceback
     raise SystemExit(f"segstore will not start: {_bad.detail}") from None
 _refusal = unauthenticated_bind_refusal(_settings)
@@ -65,6 +68,37 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(D)sus "%(a)s"'
 # gunicorn's control socket sits at one fixed path per user, which two
 # servers on one machine (tests, benchmarks) would contend for.
 control_socket_disable = True
+
+
+def bind_in_use(bind: str) -> bool:
+    """Whether another process listens on ``bind`` (host:port) already; unix sockets aside."""
+    if bind.startswith("unix:"):
+        return False
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def on_starting(server):
+    """Refuse at once, in one line that says what to do, a bind another process holds.
+
+    gunicorn would retry it five times and exit with "Connection in use". A
+    restart that inherits its sockets (systemd, gunicorn's USR2) is not checked.
+    """
+    if "LISTEN_FDS" in os.environ or "GUNICORN_FD" in os.environ:
+        return
+    if bind_in_use(_settings.bind):
+        raise SystemExit(
+            f"segstore will not start: {_settings.bind} is in use (another server? stop it, "
+            "or set SEGSTORE_BIND to another host:port)"
+        )
 
 
 def post_fork(server, worker):

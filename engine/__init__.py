@@ -4,11 +4,11 @@
 Durable Streams) live in ``app/``, each mapping its protocol onto these.
 """
 
-from engine.attributes import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.cluster.peer_service import PeerService
 from engine.cluster.peers import PEER_PATH
 from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
-from engine.composite import (
+from engine.config import Settings, load_settings, read_settings, refuse_negative, refuse_zero, setting_kinds
+from engine.container.composite import (
     AppendStep,
     CreateStep,
     DeleteStep,
@@ -19,8 +19,7 @@ from engine.composite import (
     TruncateStep,
     UpdateAttributesStep,
 )
-from engine.config import Settings, load_settings
-from engine.container_state import SERVING as SERVING_STATES
+from engine.container.state import SERVING as SERVING_STATES
 from engine.errors import (
     BadOffset,
     ConditionalCheckFailed,
@@ -42,43 +41,23 @@ from engine.errors import (
     StoreLocked,
     Throttled,
 )
+from engine.metadata.attribute_updates import ATTRIBUTES_PER_REQUEST_MAX, AttributeUpdate, AttributeUpdateType
 from engine.naming import (
-    LEGACY_S3_PREFIX,
-    LEGACY_STREAM_DATA_PREFIX,
-    LEGACY_STREAM_META_PREFIX,
-    S3_OWNER,
-    SCOPES_OWNER,
-    STREAM_DATA_PREFIX,
-    STREAM_META_PREFIX,
-    STREAMS_OWNER,
+    ReservedNames,
     container_for,
     is_reserved,
-    migrated_marker,
-    s3_state_name,
-    scopes_state_name,
-    stream_data_segment,
-    stream_meta_of_data_segment,
-    stream_meta_segment,
-    stream_of_meta_segment,
+    reserve,
     transaction_name,
     validate_segment_name,
 )
-from engine.store import SegmentStore
+from engine.store.segment_store import SegmentStore
 from engine.types import AppendResult, MergeResult, ReadResult, SegmentInfo
 
 __all__ = [
     "ATTRIBUTES_PER_REQUEST_MAX",
-    "LEGACY_S3_PREFIX",
-    "LEGACY_STREAM_DATA_PREFIX",
-    "LEGACY_STREAM_META_PREFIX",
     "PEER_PATH",
     "PEER_SECRET_HEADER",
-    "S3_OWNER",
-    "SCOPES_OWNER",
     "SERVING_STATES",
-    "STREAMS_OWNER",
-    "STREAM_DATA_PREFIX",
-    "STREAM_META_PREFIX",
     "AppendResult",
     "AppendStep",
     "AttributeUpdate",
@@ -99,6 +78,7 @@ __all__ = [
     "PayloadTooLarge",
     "PeerService",
     "ReadResult",
+    "ReservedNames",
     "SealStep",
     "SegmentExists",
     "SegmentInfo",
@@ -119,13 +99,11 @@ __all__ = [
     "container_for",
     "is_reserved",
     "load_settings",
-    "migrated_marker",
-    "s3_state_name",
-    "scopes_state_name",
-    "stream_data_segment",
-    "stream_meta_of_data_segment",
-    "stream_meta_segment",
-    "stream_of_meta_segment",
+    "read_settings",
+    "refuse_negative",
+    "refuse_zero",
+    "reserve",
+    "setting_kinds",
     "transaction_name",
     "validate_segment_name",
 ]

@@ -1,39 +1,37 @@
-"""The one settings object: defaults, then a TOML file, then the environment.
+"""The engine's settings: defaults, then a TOML file, then the environment.
 
-Every limit of the engine and the server is a field here, units last in the
-name. ``load_settings`` reads ``SEGSTORE_CONFIG`` (a TOML file whose keys are
-the field names) and then ``SEGSTORE_<FIELD>`` variables, e.g.
-``SEGSTORE_DATA_DIR`` or ``SEGSTORE_FLUSH_THRESHOLD_BYTES``. When neither
-names ``bind``, a ``PORT`` variable (set by platforms that run a Procfile,
-such as Heroku) makes it ``0.0.0.0:$PORT``, as gunicorn's own default does.
+Every limit of the engine is a field here, units last in the name (the HTTP
+server's own settings are ``app/settings.py``'s, read from the same file and
+environment). ``load_settings`` reads ``SEGSTORE_CONFIG`` (a TOML file whose
+keys are the field names) and then ``SEGSTORE_<FIELD>`` variables, e.g.
+``SEGSTORE_DATA_DIR`` or ``SEGSTORE_FLUSH_THRESHOLD_BYTES``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from engine.durable_log.object_log import REACH as TIER1_WRITES_IN_FLIGHT_MAX
 from engine.errors import InvalidArgument
 from engine.naming import validate_node_id
 
 MiB = 1024 * 1024
+# Tier 1 on S3: the most writes a container's log may have in flight (its fence covers as many names).
+TIER1_WRITES_IN_FLIGHT_MAX = 8
 
 
 # Settings with no meaning at 0: chunks, appends, reads or cache blocks of no bytes; no room for
-# acknowledged bytes (every append refused); waits that spin (live streams' keep-alives, the
-# Durable Streams reaper) or transactions that expire as they begin.
+# acknowledged bytes (every append refused); tail waits that spin or transactions that expire as
+# they begin.
 _POSITIVE = (
     "rollover_bytes", "max_append_bytes", "max_read_bytes", "tier1_backlog_max_bytes", "cache_block_bytes",
-    "storage_read_block_bytes", "tail_wait_max_s", "sse_keepalive_s", "transaction_timeout_s",
-    "stream_long_poll_s", "stream_reap_interval_s", "stream_scale_sample_s", "stream_scale_window_s",
-    "stream_transaction_timeout_s", "stream_transaction_timeout_max_s",
+    "storage_read_block_bytes", "tail_wait_max_s", "transaction_timeout_s",
 )
 
 
@@ -42,19 +40,15 @@ class Settings:
     """Limits and locations. Sizes in bytes, durations in seconds unless named _ms."""
 
     data_dir: str = "./data"
-    bind: str = "127.0.0.1:8080"
     # Tier 1 location: "" (files under <data_dir>/tier1) or s3://bucket/prefix (fenced by epoch).
     tier1: str = ""
     # Tier 1 on S3: PutObjects in flight per container (local files: one write at a time).
     tier1_writes_in_flight: int = 4
     # A cluster node (docs/cluster.md): its id (empty: a single node), the URL other nodes and
-    # clients reach it at (default: http://<bind>), and how long a container lease lasts.
+    # clients reach it at (the server's default: http://<bind>), and how long a container lease lasts.
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
-    # A cluster node holds a request whose container no node serves yet (a takeover) this long
-    # before it answers 503 with Retry-After.
-    takeover_wait_s: float = 2.0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -83,46 +77,17 @@ class Settings:
     # Cache misses read Tier 2 in aligned blocks; sequential readers get read_ahead_bytes more.
     storage_read_block_bytes: int = 1 * MiB
     read_ahead_bytes: int = 8 * MiB
-    # Tail reads: the longest `wait` a client may ask for (and any wait at the tail); SSE keep-alive period.
+    # Tail reads: the longest `wait` a client may ask for (and any wait at the tail).
     tail_wait_max_s: float = 60.0
-    sse_keepalive_s: float = 15.0
     # Attributes (seed 001): values held in memory past this are evicted once they are in
     # the attribute index; index pages are cached up to attribute_index_cache_bytes.
     attribute_cache_max_bytes: int = 64 * MiB
     attribute_index_cache_bytes: int = 64 * MiB
     # Transactions with no append, commit or abort for this long are aborted.
     transaction_timeout_s: float = 600.0
-    # Durable Streams: a long-poll (and an SSE keep-alive) waits this long at the tail (at most
-    # tail_wait_max_s; 20 s is what the protocol's clients and conformance suite expect);
-    # expired streams are looked for every stream_reap_interval_s.
-    stream_long_poll_s: float = 20.0
-    stream_reap_interval_s: float = 1.0
-    # Streams (app/scopes): each process samples the event and byte rates of the stream segments
-    # whose record it serves every stream_scale_sample_s (and finishes what a crash left pending:
-    # scales, commits, expired transactions); auto-scaling judges the rates over
-    # stream_scale_window_s and leaves a segment alone for stream_scale_cooldown_s after its creation.
-    stream_scale_sample_s: float = 10.0
-    stream_scale_window_s: float = 300.0
-    stream_scale_cooldown_s: float = 600.0
-    # A stream transaction expires (is aborted) this long after it opens, unless it asks for
-    # another timeout, at most stream_transaction_timeout_max_s.
-    stream_transaction_timeout_s: float = 120.0
-    stream_transaction_timeout_max_s: float = 600.0
-    log_level: str = "info"
-    # 1 writes one line per request (gunicorn's access log) to standard output.
-    access_log: int = 0
-    # Access control: a TOML file of bearer tokens and their grants (empty: native API open).
-    auth_file: str = ""
-    # S3 surface credentials, "access:secret,..." (empty: anonymous, served on loopback only).
-    s3_keys: str = ""
-    # 1 lets the server bind a non-loopback address with auth off.
-    allow_unauthenticated: int = 0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "float") and value < 0:
-                raise InvalidArgument(f"setting {f.name} must not be negative, got {value}")
+        refuse_negative(self)
         if self.container_count < 1:
             raise InvalidArgument("setting container_count must be at least 1")
         if self.max_frame_bytes < 4096:
@@ -146,22 +111,11 @@ class Settings:
                 raise InvalidArgument(f"setting node_id: {exc}") from None
             if self.tier1_s3 is None:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
+            if not self.advertise_url:
+                raise InvalidArgument("setting node_id makes a cluster node, which needs its advertise_url")
         if self.lease_s < 1:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
-        if self.takeover_wait_s < 0:
-            raise InvalidArgument(f"setting takeover_wait_s must not be negative, got {self.takeover_wait_s}")
-        for name in _POSITIVE:
-            if getattr(self, name) <= 0:
-                raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(self, name)}")
-        if self.stream_scale_window_s < self.stream_scale_sample_s:
-            raise InvalidArgument(
-                "setting stream_scale_window_s must be at least stream_scale_sample_s: a rate needs "
-                "two samples inside its window"
-            )
-        if self.stream_transaction_timeout_s > self.stream_transaction_timeout_max_s:
-            raise InvalidArgument(
-                "setting stream_transaction_timeout_s must not be more than stream_transaction_timeout_max_s"
-            )
+        refuse_zero(self, _POSITIVE)
         one, two = self.tier1_s3 or ("", ""), self.tier2_s3 or ("", "")
         if one[0] and one[0] == two[0] and (one[1].startswith(two[1]) or two[1].startswith(one[1])):
             raise InvalidArgument(
@@ -170,26 +124,9 @@ class Settings:
             )
 
     @property
-    def bind_is_loopback(self) -> bool:
-        """True for ``127.x.x.x:port``, ``localhost:port``, ``[::1]:port`` and unix sockets."""
-        if self.bind.startswith("unix:"):
-            return True
-        host = self.bind.rpartition(":")[0] if self.bind.count(":") == 1 or "]" in self.bind else self.bind
-        host = host.strip("[]")
-        try:
-            return host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
-
-    @property
-    def sse_wait_s(self) -> float:
-        """How long a live stream waits for data before it sends a keep-alive: no tail wait is longer."""
-        return min(self.sse_keepalive_s, self.tail_wait_max_s)
-
-    @property
     def node_url(self) -> str:
         """Where other nodes and clients reach this node."""
-        return self.advertise_url.rstrip("/") or f"http://{self.bind}"
+        return self.advertise_url.rstrip("/")
 
     @property
     def data_path(self) -> Path:
@@ -214,6 +151,28 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+# Tier 1 on local files, and Tier 2 in the data folder's own "tier2" folder (the defaults):
+# recorded relative to the data folder, which may move.
+LOCAL_TIER1 = "<data folder>/tier1"
+LOCAL_TIER2 = "<data folder>/tier2"
+
+
+def tier1_location(settings: Settings) -> str:
+    location = settings.tier1_s3
+    return LOCAL_TIER1 if location is None else f"s3://{location[0]}/{location[1]}"
+
+
+def tier2_location(settings: Settings) -> str:
+    """``s3://bucket/prefix/``, the data folder's own tier2 folder, or another folder's absolute path."""
+    location = settings.tier2_s3
+    if location is not None:
+        return f"s3://{location[0]}/{location[1]}"
+    folder = settings.tier2_path.absolute()
+    if folder == (settings.data_path / "tier2").absolute():
+        return LOCAL_TIER2
+    return str(folder)
+
+
 def _s3_location(setting: str, value: str) -> tuple[str, str] | None:
     if not value.startswith("s3://"):
         return None
@@ -223,9 +182,29 @@ def _s3_location(setting: str, value: str) -> tuple[str, str] | None:
     return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
 
 
+_SIZE = re.compile(r"\s*([0-9]+)\s*(B|KiB|MiB|GiB|TiB)?\s*")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+# host:port (an IPv6 host in brackets), or a unix socket.
+
+
+def parse_bytes(name: str, raw: Any) -> int:
+    """A ``_bytes`` setting: a whole number of bytes, or one as the settings table writes it (``8 MiB``)."""
+    if isinstance(raw, int):
+        return raw
+    match = _SIZE.fullmatch(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise InvalidArgument(
+            f"setting {name} is a size: bytes, or a number with B, KiB, MiB, GiB or TiB "
+            f"(e.g. 8 MiB, 8388608), got {raw!r}"
+        )
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
 def _convert(name: str, kind: str, raw: Any) -> Any:
     if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):
         raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}")
+    if kind == "int" and name.endswith("_bytes"):
+        return parse_bytes(name, raw)
     try:
         if kind == "int":
             return int(raw)
@@ -236,10 +215,39 @@ def _convert(name: str, kind: str, raw: Any) -> Any:
         raise InvalidArgument(f"setting {name} must be {kind}, got {raw!r}") from None
 
 
+def refuse_negative(settings: Any) -> None:
+    """InvalidArgument naming the first numeric field of a settings dataclass that is negative."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.type in ("int", "float") and value < 0:
+            raise InvalidArgument(f"setting {f.name} must not be negative, got {value}")
+
+
+def refuse_zero(settings: Any, names: Iterable[str]) -> None:
+    """InvalidArgument naming the first of ``names`` that is not more than 0."""
+    for name in names:
+        if getattr(settings, name) <= 0:
+            raise InvalidArgument(f"setting {name} must be more than 0, got {getattr(settings, name)}")
+
+
+def setting_kinds(settings_class: type) -> dict[str, str]:
+    """Each field of a settings dataclass and its kind: ``int``, ``float`` or ``str``."""
+    return {f.name: str(f.type) for f in fields(settings_class)}
+
+
 def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build the settings from defaults, ``SEGSTORE_CONFIG``, ``SEGSTORE_*`` and overrides."""
     env = os.environ if environ is None else environ
-    kinds = {f.name: str(f.type) for f in fields(Settings)}
+    values = read_settings(setting_kinds(Settings), env)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def read_settings(kinds: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
+    """The values ``SEGSTORE_CONFIG`` and then ``SEGSTORE_<NAME>`` give the settings of ``kinds``.
+
+    A key of the file that ``kinds`` does not name is refused.
+    """
     values: dict[str, Any] = {}
     config_file = env.get("SEGSTORE_CONFIG")
     if config_file:
@@ -252,10 +260,4 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         raw = env.get("SEGSTORE_" + name.upper())
         if raw is not None:
             values[name] = _convert(name, kind, raw)
-    port = env.get("PORT")
-    if "bind" not in values and port is not None:
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"PORT must be a TCP port number, got {port!r}")
-        values["bind"] = f"0.0.0.0:{int(port)}"
-    values.update(overrides)
-    return Settings(**values)
+    return values

@@ -181,3 +181,46 @@ class EngineMetrics:
         if child is None:
             child = self._latency_by_type[type(op)] = self.operation_latency.labels(type(op).__name__)
         child.observe(seconds)
+
+
+class ClusterMetrics:
+    """A cluster node's leases (docs/cluster.md): held, renewed, lost, and the containers it took over."""
+
+    LOSS_REASONS = ("expired", "taken")
+    # What a claimed container's lease was: never written, released by a handover, or run out.
+    TAKEOVER_LEASES = ("new", "released", "expired")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leases_held = Gauge(
+            "segstore_cluster_leases_held", "Container leases this node holds now.", registry=registry
+        )
+        self.renewals = Counter(
+            "segstore_cluster_lease_renewals", "Lease renewals this node wrote.", registry=registry
+        )
+        self.renewal_errors = Counter(
+            "segstore_cluster_lease_renewal_errors",
+            "Lease renewals the bucket refused or did not answer (tried again next round).",
+            registry=registry,
+        )
+        losses = Counter(
+            "segstore_cluster_lease_losses",
+            "Containers this node stopped because it lost their lease: expired (not renewed in time) "
+            "or taken (another node holds it).",
+            ["reason"],
+            registry=registry,
+        )
+        self.losses = {reason: losses.labels(reason) for reason in self.LOSS_REASONS}
+        takeovers = Counter(
+            "segstore_cluster_takeovers",
+            "Containers this node claimed, by what their lease was: new, released (a handover) or "
+            "expired (its holder stopped renewing it).",
+            ["lease"],
+            registry=registry,
+        )
+        self.takeovers = {lease: takeovers.labels(lease) for lease in self.TAKEOVER_LEASES}
+        self.takeover_seconds = Histogram(
+            "segstore_cluster_takeover_seconds",
+            "From a container's claim to serving it here (its recovery from Tier 1).",
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=registry,
+        )

@@ -24,22 +24,15 @@
     ``<target>#merge.<nonce>``. They live in their parent's container and
     are aborted when idle or orphaned. A segment's attribute index is stored
     in chunks named for ``<name>#attributes`` (not a segment of its own).
-  - **reserved names** start with ``#``: ``#<owner>/<rest>``, where ``rest``
-    is a valid user name, hold a protocol surface's internal state (owner
-    ``s3``: bucket markers, object records, staging and uploads; owner
-    ``stream``: a stream's ``meta/<escaped name>`` and
-    ``data/<escaped name>/<incarnation>``, no longer than the ordinary names
-    they replace; owner ``scopes``: scope markers ``scopes/<scope>``, stream
-    records ``streams/<scope>/<stream>`` and stream transactions'
-    segments ``txns/<id>``). They are top-level segments, never reaped, hashed by
-    their subject (``subject_of``) so that they share a container with what
-    they are about. The native API refuses them and
-    listings show them only to a prefix that is itself reserved.
+  - **reserved names** start with ``#``: ``#<owner>/<kind>/<rest>``, where
+    ``rest`` is a valid user name, hold a protocol surface's internal state.
+    A surface claims its owner once (``reserve``) and builds its names from
+    what that returns; the engine knows no surface. They are top-level
+    segments, never reaped, hashed by their subject (``subject_of``) so that
+    they share a container with what they are about. The native API refuses
+    them and listings show them only to a prefix that is itself reserved.
   - ``#<owner>/migrated`` marks that the owner's state was moved out of the
-    ordinary names it used to have (``.s3/...``, ``streams/meta/...``,
-    ``streams/data/...``: the ``LEGACY_*`` prefixes).
-- A stream name is escaped into one name part: bytes outside
-  ``[A-Za-z0-9_-]`` become ``~HH``; an incarnation is 16 hex digits.
+    ordinary names it used to have.
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ import functools
 import hashlib
 import re
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +51,6 @@ from engine.errors import InvalidName
 
 MAX_NAME_BYTES = 1024
 RESERVED_MARK = "#"
-S3_OWNER = "s3"
-STREAMS_OWNER = "stream"
-SCOPES_OWNER = "scopes"
-# Where the surfaces kept their state before it moved to reserved names (read once, to migrate).
-LEGACY_S3_PREFIX = ".s3/"
-LEGACY_STREAM_META_PREFIX = "streams/meta/"
-LEGACY_STREAM_DATA_PREFIX = "streams/data/"
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:#?\\%]")
 _LOG_FILE = re.compile(r"^(\d{20})\.log$")
 _MAX_KEY_PART = 180
@@ -118,14 +105,10 @@ def subject_of(name: str) -> str:
     """The name ``name`` is hashed by: what it belongs to or is about.
 
     An internal segment's parent; for a reserved ``#<owner>/<kind>/<rest>``,
-    ``rest``: an object record ``#s3/etags/<bucket>/<key>`` goes with the
-    object's segment ``<bucket>/<key>``, a bucket marker with the bucket's
-    name, an upload's segments with the upload id, a stream's meta segment
-    with the stream's escaped name. A surface that needs a fresh name beside
-    another one draws random ids until one hashes there (a stream's data
-    segment ``<escaped name>/<incarnation>`` beside its meta, or beside its
-    fork source's data, whose chunks it shares). Any other name is its own
-    subject.
+    ``rest``: a surface's record ``#<owner>/records/<name>`` about segment
+    ``<name>`` goes with that segment. A surface that needs a fresh name
+    beside another one draws random ids until one hashes there. Any other
+    name is its own subject.
     """
     name = parent_of(name)
     if not name.startswith(RESERVED_MARK):
@@ -174,19 +157,45 @@ def hidden_from(prefix: str, name: str) -> bool:
     return RESERVED_MARK in name[len(prefix) :]
 
 
-def reserved_prefix(owner: str, kind: str = "") -> str:
-    """Where ``owner``'s state of ``kind`` lives: ``#<owner>/<kind>/`` (``#<owner>/`` for all of it)."""
-    return f"{RESERVED_MARK}{owner}/{kind}/" if kind else f"{RESERVED_MARK}{owner}/"
+_OWNER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_reserved_owners: set[str] = set()
+_reserving = threading.Lock()
 
 
-def reserved_name(owner: str, kind: str, rest: str) -> str:
-    """The reserved name ``#<owner>/<kind>/<rest>`` of a surface's state (``rest`` a user-style name)."""
-    return reserved_prefix(owner, kind) + rest
+@dataclass(frozen=True, slots=True)
+class ReservedNames:
+    """The reserved names of one surface's state: ``#<owner>/<kind>/<rest>`` (see ``reserve``)."""
+
+    owner: str
+
+    def prefix(self, kind: str = "") -> str:
+        """Where the state of ``kind`` lives: ``#<owner>/<kind>/`` (``#<owner>/`` for all of it)."""
+        return f"{RESERVED_MARK}{self.owner}/{kind}/" if kind else f"{RESERVED_MARK}{self.owner}/"
+
+    def name(self, kind: str, rest: str) -> str:
+        """The reserved name ``#<owner>/<kind>/<rest>`` (``rest``: a user-style name, its subject)."""
+        return self.prefix(kind) + rest
+
+    @property
+    def migrated(self) -> str:
+        """The segment whose existence says the owner's state no longer lives under ordinary names."""
+        return f"{RESERVED_MARK}{self.owner}/migrated"
 
 
-def migrated_marker(owner: str) -> str:
-    """The segment whose existence says ``owner``'s state no longer lives under ordinary names."""
-    return f"{RESERVED_MARK}{owner}/migrated"
+def reserve(owner: str) -> ReservedNames:
+    """Claim the reserved names ``#<owner>/...`` for a surface's state; each owner is claimed once.
+
+    ``owner`` is 1 to 32 of ``[a-z0-9_-]``, a letter first; ValueError for
+    any other, and for one claimed already (two surfaces must not share
+    their state's names).
+    """
+    if not _OWNER.match(owner):
+        raise ValueError(f"a reserved names' owner is 1 to 32 of [a-z0-9_-], a letter first: {owner!r}")
+    with _reserving:
+        if owner in _reserved_owners:
+            raise ValueError(f"the reserved names of {owner!r} are claimed already")
+        _reserved_owners.add(owner)
+    return ReservedNames(owner)
 
 
 def is_transaction(name: str) -> bool:
@@ -194,7 +203,7 @@ def is_transaction(name: str) -> bool:
     return "#transaction." in name
 
 
-# The store record (engine/store_record.py): in the data folder, or beside an S3 Tier 1's log.
+# The store record (engine/store/record.py): in the data folder, or beside an S3 Tier 1's log.
 STORE_RECORD_NAME = "store.json"
 
 
@@ -336,56 +345,3 @@ def parse_chunk_name(name: str) -> ChunkNameParts | None:
 def layout_key(segment_name: str) -> str:
     """Where a segment's exported layout is kept in Tier 2."""
     return f"layouts/{_escaped(segment_name)}.json"
-
-
-STREAM_META_PREFIX = reserved_prefix(STREAMS_OWNER, "meta")
-STREAM_DATA_PREFIX = reserved_prefix(STREAMS_OWNER, "data")
-_STREAM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def stream_part(name: str) -> str:
-    """A stream name escaped into one name part."""
-    return "".join(
-        chr(b) if b in _STREAM_SAFE else f"~{b:02X}" for b in name.encode("utf-8", "surrogatepass")
-    )
-
-
-def stream_meta_segment(name: str) -> str:
-    """The segment of a stream's configuration and state records."""
-    return STREAM_META_PREFIX + stream_part(name)
-
-
-def stream_data_segment(name: str, incarnation: str) -> str:
-    """The segment of the messages of one incarnation of a stream (a recreated stream is a new one)."""
-    return f"{STREAM_DATA_PREFIX}{stream_part(name)}/{incarnation}"
-
-
-def stream_meta_of_data_segment(segment: str) -> str:
-    """The meta segment of the stream a data segment (``stream_data_segment``) belongs to."""
-    part = segment.removeprefix(STREAM_DATA_PREFIX).rsplit("/", 1)[0]
-    return STREAM_META_PREFIX + part
-
-
-def stream_of_meta_segment(segment: str, prefix: str = STREAM_META_PREFIX) -> str:
-    """The stream name a meta segment (under ``prefix``) belongs to."""
-    part = segment.removeprefix(prefix)
-    out = bytearray()
-    i = 0
-    while i < len(part):
-        if part[i] == "~":
-            out.append(int(part[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out.append(ord(part[i]))
-            i += 1
-    return out.decode("utf-8", "surrogatepass")
-
-
-def s3_state_name(kind: str, rest: str) -> str:
-    """A reserved name of the S3 surface's state: ``#s3/<kind>/<rest>`` (buckets, etags, uploads...)."""
-    return reserved_name(S3_OWNER, kind, rest)
-
-
-def scopes_state_name(kind: str, rest: str) -> str:
-    """A reserved name of the stream layer's state: ``#scopes/<kind>/<rest>`` (scopes, streams, txns)."""
-    return reserved_name(SCOPES_OWNER, kind, rest)

@@ -1,9 +1,17 @@
-"""Fixtures shared by every test package: a local S3 endpoint (moto in server mode), random seeds."""
+"""Fixtures shared by every test package: a local S3 endpoint (moto in server mode), random seeds.
+
+Tests that start a process (a server, moto, Spark's JVM, a command line) are
+marked ``process``: ``make test-fast`` runs the others. A test is marked by
+using a fixture in ``PROCESS_FIXTURES`` (directly or through another
+fixture), or by ``pytest.mark.process``; one that starts a process without
+the mark fails at once, so no process test lands in ``make test-fast``.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +20,55 @@ import boto3
 import pytest
 
 from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer
+
+# The fixtures that start a process: a server, moto, a cluster of servers, Spark's JVM, the SDK generator.
+PROCESS_FIXTURES = frozenset({
+    "moto_server", "server", "s3_server", "nodes", "shared_nodes", "cluster", "cluster_of", "spark",
+    "sdk_modules",
+})  # fmt: skip
+
+
+class UnmarkedProcess(Exception):
+    """A test started a process without ``pytest.mark.process``."""
+
+
+_running: pytest.Item | None = None
+_popen_init = subprocess.Popen.__init__
+
+
+def _watched_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+    item = _running
+    if item is not None and item.get_closest_marker("process") is None:
+        self._child_created = False  # nothing started: Popen.__del__ has nothing to reap
+        raise UnmarkedProcess(
+            f"{item.nodeid} starts a process ({args[0] if args else kwargs.get('args')!r}): mark it "
+            "pytest.mark.process, or add the fixture that starts it to tests/conftest.py's PROCESS_FIXTURES"
+        )
+    _popen_init(self, *args, **kwargs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _watched_popen_init  # type: ignore[method-assign]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
+        if item.get_closest_marker("process") is not None:
+            # Run on two workers (pytest -n 2 --dist loadgroup), the tests that start processes stay on
+            # one of them, one at a time, as a serial run has them: the others share the second core.
+            item.add_marker(pytest.mark.xdist_group("process"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _running
+    _running = item
+    try:
+        yield
+    finally:
+        _running = None
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +106,9 @@ def s3_bucket(moto_server: MotoServer, s3_client: Any) -> Iterator[str]:
 def random_seed() -> int:
     """A seed for a randomized test: ``SEGSTORE_TEST_SEED`` if set (to replay a failure), else a new one.
 
-    The test names it in its failure message.
+    It is printed, so a failing test's captured output names it.
     """
     raw = os.environ.get("SEGSTORE_TEST_SEED")
-    return int(raw) if raw else random.randrange(2**32)
+    seed = int(raw) if raw else random.randrange(2**32)
+    print(f"random seed {seed} (SEGSTORE_TEST_SEED={seed} replays it)")
+    return seed

@@ -20,7 +20,7 @@ from engine import SegmentStore, Settings
 # The SegmentStore calls that change something.
 CHANGES = (
     "create", "append", "seal", "truncate", "delete", "fork", "update_attributes", "merge", "composite",
-)  # fmt: skip
+)
 
 
 class Crash(Exception):

@@ -23,7 +23,8 @@ from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
 from engine.naming import container_for
 from tests import cluster_fixtures
-from tests.cluster_fixtures import CONTAINERS, LEASE_S, TIMEOUT_S, cluster_map, owners, wait_for
+from tests.cluster_fixtures import CONTAINERS, LEASE_S, TIMEOUT_S, cluster_map, owners
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 nodes = cluster_fixtures.nodes
@@ -71,7 +72,7 @@ def test_two_nodes_share_the_containers_and_a_killed_node_loses_nothing(
     servers = nodes
     a, b = servers["a"].url, servers["b"].url
     assert cluster_map(b)["node"] == "b" and {n["id"] for n in cluster_map(b)["nodes"]} == {"a", "b"}
-    wait_for(lambda: requests.get(f"{b}/healthz", timeout=TIMEOUT_S).ok, 30, "b's containers recovered")
+    wait_until(lambda: requests.get(f"{b}/healthz", timeout=TIMEOUT_S).ok, "b's containers recovered", 30)
     health = requests.get(f"{b}/healthz", timeout=TIMEOUT_S).json()
     assert [c["id"] for c in health["containers"]] == [i for i, owner in enumerate(owners(b)) if owner == "b"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.local_cluster import LocalCluster, owners, wait_for
+from bench.local_cluster import LocalCluster, owners
 from tests.cluster_writers import (
     ClientWriter,
     HttpWriter,
@@ -32,6 +32,8 @@ from tests.cluster_writers import (
     stored,
     wait_progress,
 )
+from tests.conftest import random_seed
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +56,7 @@ def cluster_of(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Cluster:
     def start(nodes: int) -> Iterator[LocalCluster]:
         with LocalCluster(tmp_path, nodes=nodes, endpoint=moto_endpoint, bucket=s3_bucket,
                           settings=SETTINGS) as cluster:
-            wait_for(lambda: cluster.balanced("a"), MOVE_S, f"containers spread over {nodes} nodes")
+            wait_until(lambda: cluster.balanced("a"), f"containers spread over {nodes} nodes", MOVE_S)
             yield cluster
 
     return start
@@ -118,7 +120,7 @@ def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(c
         probing = [threading.Thread(target=probe_append, args=(p,), daemon=True) for p in probes]
         for thread in probing:
             thread.start()
-        wait_for(lambda: _taken_over(cluster, others[0], victim), MOVE_S, f"{victim}'s containers moving")
+        wait_until(lambda: _taken_over(cluster, others[0], victim), f"{victim}'s containers moving", MOVE_S)
         moved = time.monotonic()
         owner_writers = [w for w in writers if isinstance(w, HttpWriter) and w.route == "owner"
                          and w.container in lost]
@@ -127,8 +129,10 @@ def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(c
         _group_signal(cluster, victim, signal.SIGCONT)
         resumed_at = time.monotonic()
         health = f"{cluster.urls[victim]}/healthz"
-        wait_for(lambda: requests.get(health, timeout=30).json()["containers"] == [], 60,
-                 f"{victim} serving nothing after it resumed", every_s=0.05)
+        wait_until(
+            lambda: requests.get(health, timeout=30).json()["containers"] == [],
+            f"{victim} serving nothing after it resumed", 60,
+        )
         for thread in probing:
             thread.join(60)
         for probe in probes:  # refused, or passed on to the new owner: never taken from its old log
@@ -136,7 +140,7 @@ def test_a_paused_node_acknowledges_nothing_it_lost_and_rejoins_owning_nothing(c
             owner = answer.headers.get("Segment-Owner")
             assert answer.status_code == 503 or owner not in (None, victim), (answer.status_code, owner)
             assert stored(cluster, probe) == (b"probe;" if answer.status_code == 200 else b"")
-        wait_for(lambda: cluster.balanced(others[0]), MOVE_S, f"{victim} getting its share back")
+        wait_until(lambda: cluster.balanced(others[0]), f"{victim} getting its share back", MOVE_S)
         assert _held(cluster, victim, victim)
         wait_progress(writers, 2, MOVE_S)
         finish(writers, stop, cluster)
@@ -158,7 +162,7 @@ def test_a_joining_node_takes_its_share_and_clients_see_only_successes_and_503(c
         writers = _writers(cluster, names, stop, [cluster.urls["a"], cluster.urls["b"]])
         wait_progress(writers, 3, 120)
         cluster.add_node()
-        wait_for(lambda: cluster.balanced("c") and cluster.balanced("a"), MOVE_S, "containers rebalanced")
+        wait_until(lambda: cluster.balanced("c") and cluster.balanced("a"), "containers rebalanced", MOVE_S)
         assert sorted((cluster.counts("c") or {}).values()) == [1, 1, 2]
         joined = time.monotonic()
         wait_progress(writers, 3, MOVE_S, since=joined)
@@ -171,7 +175,7 @@ def test_a_joining_node_takes_its_share_and_clients_see_only_successes_and_503(c
 
 def test_a_killed_nodes_containers_serve_on_the_others_within_lease_and_recovery(cluster_of: Cluster) -> None:
     with cluster_of(3) as cluster:
-        victim = random.choice(list(cluster.nodes))
+        victim = random.Random(random_seed()).choice(list(cluster.nodes))
         others = [n for n in cluster.nodes if n != victim]
         lost = _held(cluster, others[0], victim)
         names = segments_in(list(range(CONTAINERS)), CONTAINERS, 2, "killed")
@@ -186,7 +190,7 @@ def test_a_killed_nodes_containers_serve_on_the_others_within_lease_and_recovery
         killed_at = time.monotonic()
         for writer in http_writers:
             writer.unknown_before = killed_at
-        wait_for(lambda: _taken_over(cluster, others[0], victim), MOVE_S, f"{victim}'s containers moving")
+        wait_until(lambda: _taken_over(cluster, others[0], victim), f"{victim}'s containers moving", MOVE_S)
         moved = [w for w in writers if isinstance(w, HttpWriter) and w.container in lost]
         wait_progress(moved, 1, MOVE_S, since=killed_at)
         first_ack_s = min(t for w in moved for t in w.acked_at if t > killed_at) - killed_at

@@ -28,12 +28,15 @@ import pytest
 import requests
 from botocore.config import Config
 
+from app.s3.names import S3, s3_state_name
+from app.streams.names import STREAMS, stream_meta_segment
 from bench.servers import ServerProcess, cluster_node_env, free_port
-from engine import S3_OWNER, STREAMS_OWNER, migrated_marker, stream_meta_segment
-from engine.naming import container_for, s3_state_name
+from engine import ReservedNames
+from engine.naming import container_for
+from tests.polling import wait_until
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 from tests.s3.test_uploads import _chunk_signature, _signed_headers
-from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners, wait_for
+from tests.test_cluster import CONTAINERS, LEASE_S, TIMEOUT_S, owners
 
 pytestmark = pytest.mark.slow
 
@@ -57,18 +60,24 @@ def cluster(
         for server in servers.values():
             server.start()
         a = servers["a"].url
-        wait_for(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], 30, "two containers each")
+        wait_until(lambda: sorted(map(str, owners(a))) == ["a", "a", "b", "b"], "two containers each", 30)
         for server in servers.values():
-            wait_for(lambda s=server: requests.get(f"{s.url}/healthz", timeout=TIMEOUT_S).ok, 30, "recovered")
+            healthy = f"{server.url}/healthz"
+            wait_until(lambda h=healthy: requests.get(h, timeout=TIMEOUT_S).ok, "recovered", 30)
         yield servers
     finally:
         for server in servers.values():
             server.kill()
 
 
-@pytest.fixture
-def nodes(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Iterator[dict[str, ServerProcess]]:
-    with cluster(tmp_path, moto_endpoint, s3_bucket, takeover_wait_s=5.0) as servers:
+@pytest.fixture(scope="module")
+def nodes(
+    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
+) -> Iterator[dict[str, ServerProcess]]:
+    """One cluster for the tests that stop no node (starting one takes seconds); each names its own things."""
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    s3_client.create_bucket(Bucket=bucket)
+    with cluster(tmp_path_factory.mktemp("nodes"), moto_endpoint, bucket, takeover_wait_s=5.0) as servers:
         yield servers
 
 
@@ -78,14 +87,14 @@ def served_by(url: str, node: str) -> Callable[[str], bool]:
     return lambda name: map_[container_for(name, CONTAINERS)] == node
 
 
-def roles(servers: dict[str, ServerProcess], surface: str) -> tuple[str, str, str]:
+def roles(servers: dict[str, ServerProcess], surface: ReservedNames) -> tuple[str, str, str]:
     """(id, URL) of the node serving the container of ``surface``'s migration marker, and the other's URL.
 
     Each surface looks its marker up before any request, so it answers only
     on that node for now (see docs/cluster.md, "Forwarding"); the subjects of
     the test are put there, and requests sent to the other node.
     """
-    home = owners(servers["a"].url)[container_for(migrated_marker(surface), CONTAINERS)]
+    home = owners(servers["a"].url)[container_for(surface.migrated, CONTAINERS)]
     assert home is not None
     other = "b" if home == "a" else "a"
     return home, servers[home].url, servers[other].url
@@ -124,7 +133,7 @@ def aws_chunked(url: str, pieces: list[bytes]) -> tuple[bytes, dict[str, str]]:
 def test_s3_through_a_node_that_does_not_serve_the_object(
     nodes: dict[str, ServerProcess], tmp_path: Path
 ) -> None:
-    home, owner_url, via = roles(nodes, S3_OWNER)
+    home, owner_url, via = roles(nodes, S3)
     on_home = served_by(owner_url, home)
     # The bucket's marker and the objects on one node: requests go to the other, which forwards them.
     bucket = pick(f"clu-{uuid.uuid4().hex[:8]}-", lambda n: on_home(s3_state_name("buckets", n)))
@@ -203,7 +212,7 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
 def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     nodes: dict[str, ServerProcess],
 ) -> None:
-    home, owner_url, via = roles(nodes, STREAMS_OWNER)
+    home, owner_url, via = roles(nodes, STREAMS)
     name = pick("events-", lambda n: served_by(owner_url, home)(stream_meta_segment(n)))
     url = f"{via}/v1/stream/{name}"
     text = {"Content-Type": "text/plain"}

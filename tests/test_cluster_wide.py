@@ -22,22 +22,37 @@ import requests
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from app.s3.names import s3_state_name
+from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess
-from engine.naming import container_for, s3_state_name, stream_meta_segment
+from engine.naming import container_for
 from tests import cluster_fixtures
-from tests.cluster_fixtures import CONTAINERS, TIMEOUT_S, owners, wait_for
+from tests.cluster_fixtures import CONTAINERS, TIMEOUT_S, owners
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 nodes = cluster_fixtures.nodes
+shared_nodes = cluster_fixtures.shared_nodes
 
 
-@pytest.fixture
-def serving(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+def _serving(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
     """The two nodes once each has recovered the containers it holds."""
     for server in nodes.values():
         healthy = lambda url=server.url: requests.get(f"{url}/healthz", timeout=TIMEOUT_S).ok  # noqa: E731
-        wait_for(healthy, 30, f"{server.url} serving its containers")
+        wait_until(healthy, f"{server.url} serving its containers", 30)
     return nodes
+
+
+@pytest.fixture
+def serving(shared_nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+    """The module's two nodes, serving (for the tests that stop no node)."""
+    return _serving(shared_nodes)
+
+
+@pytest.fixture
+def serving_alone(nodes: dict[str, ServerProcess]) -> dict[str, ServerProcess]:
+    """Two nodes of the test's own, serving (it kills one)."""
+    return _serving(nodes)
 
 
 def _owner(servers: dict[str, ServerProcess], name: str) -> str:
@@ -185,9 +200,9 @@ def _peer_list(url: str, secret: str, containers: list[int], prefix: str) -> req
 
 
 def test_forks_copy_across_nodes_and_each_reaper_expires_its_own(
-    serving: dict[str, ServerProcess], s3_client: Any, s3_bucket: str
+    serving_alone: dict[str, ServerProcess], s3_client: Any, s3_bucket: str
 ) -> None:
-    nodes = serving
+    nodes = serving_alone
     urls = {n: s.url for n, s in nodes.items()}
     source = _stream_on(nodes, "b", "src")
     fork = _stream_on(nodes, "a", "fork")
@@ -228,12 +243,12 @@ def test_forks_copy_across_nodes_and_each_reaper_expires_its_own(
     for node, name in expiring.items():
         assert stream_meta_segment(name) in metas(node)
     for node, name in expiring.items():  # nobody touches them: only each node's reaper can take them
-        wait_for(lambda n=node, s=name: stream_meta_segment(s) not in metas(n), 30, f"{node}'s reaper")
+        wait_until(lambda n=node, s=name: stream_meta_segment(s) not in metas(n), f"{node}'s reaper", 30)
     assert stream_meta_segment(source) in metas("b") and stream_meta_segment(fork) in metas("a")
 
     nodes["a"].kill()  # b takes a's containers over, and loads their streams as it starts serving them
-    wait_for(lambda: owners(urls["b"]) == ["b"] * CONTAINERS, 30, "b serving every container")
+    wait_until(lambda: owners(urls["b"]) == ["b"] * CONTAINERS, "b serving every container", 30)
     on_b_fork = f"{urls['b']}/v1/stream/{fork}"
     served_by_b = lambda: requests.head(on_b_fork, timeout=TIMEOUT_S).status_code == 200  # noqa: E731
-    wait_for(served_by_b, 30, "the fork served by b")
+    wait_until(served_by_b, "the fork served by b", 30)
     assert requests.get(on_b_fork, params={"offset": "-1"}, timeout=TIMEOUT_S).content == b"one;two;fork;"

@@ -37,8 +37,9 @@ import requests
 from bench.servers import ServerProcess
 from engine import load_settings
 from engine.naming import parse_log_file_name, tier1_dir
+from tests.conftest import random_seed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 SEGMENTS = ("crash/a", "crash/b/0", "crash/c")
 WRITERS = 6
@@ -224,11 +225,11 @@ def verify(url: str, ledger: Ledger) -> None:
                 )
 
 
-def run_and_kill(server: ServerProcess, ledger: Ledger, delay_s: float) -> None:
+def run_and_kill(server: ServerProcess, ledger: Ledger, delay_s: float, rng: random.Random) -> None:
     threads = [
         threading.Thread(
             target=_write_until_killed,
-            args=(server.url, w, ledger, random.Random(random.random())),
+            args=(server.url, w, ledger, random.Random(rng.random())),
             daemon=True,
         )
         for w in ledger.writers
@@ -273,6 +274,7 @@ def _running(data_dir: Path, env: dict[str, str]) -> Iterator[ServerProcess]:
 def test_acknowledged_appends_survive_repeated_sigkill(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     ledger = Ledger([Writer(i) for i in range(WRITERS)])
+    rng = random.Random(random_seed())
     started = time.monotonic()
     seen: set[str] = set()
     for cycle in range(CYCLES):
@@ -283,9 +285,9 @@ def test_acknowledged_appends_survive_repeated_sigkill(tmp_path: Path) -> None:
                     assert response.status_code == 201, response.text
             else:
                 verify(server.url, ledger)
-            delay = random.uniform(*KILL_AFTER_S)
+            delay = rng.uniform(*KILL_AFTER_S)
             print(f"cycle {cycle}: kill after {delay:.3f} s, {len(ledger.acked)} acked so far")
-            run_and_kill(server, ledger, delay)
+            run_and_kill(server, ledger, delay, rng)
         _observe(data_dir, seen)
 
     with _running(data_dir, SMALL_ENV) as server:

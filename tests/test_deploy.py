@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,22 +22,27 @@ import pytest
 import requests
 from packaging.requirements import Requirement
 
+from app.settings import HttpSettings, load_server_settings
 from bench.servers import ROOT, free_port
-from engine import Settings, load_settings
+from engine import Settings
 
 
 def test_example_config_names_every_setting_and_loads() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    keys = set(tomllib.loads(example.read_text()))
-    assert keys == {f.name for f in fields(Settings)}
-    settings = load_settings({"SEGSTORE_CONFIG": str(example)})
-    assert settings == Settings(**tomllib.loads(example.read_text()))
+    values = tomllib.loads(example.read_text())
+    engine_keys, http_keys = {f.name for f in fields(Settings)}, {f.name for f in fields(HttpSettings)}
+    assert set(values) == engine_keys | http_keys and not engine_keys & http_keys
+    settings, http = load_server_settings({"SEGSTORE_CONFIG": str(example)})
+    assert http == HttpSettings(**{k: v for k, v in values.items() if k in http_keys})
+    engine_values = {k: v for k, v in values.items() if k in engine_keys}
+    assert settings == Settings(**engine_values | {"advertise_url": f"http://{http.bind}"})
 
 
 def test_environment_overrides_the_config_file() -> None:
     example = ROOT / "deploy" / "segstore.example.toml"
-    settings = load_settings({"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"})
-    assert settings.bind == "127.0.0.1:9999"
+    env = {"SEGSTORE_CONFIG": str(example), "SEGSTORE_BIND": "127.0.0.1:9999"}
+    settings, http = load_server_settings(env)
+    assert http.bind == "127.0.0.1:9999" and settings.node_url == "http://127.0.0.1:9999"
 
 
 def procfile_web() -> str:
@@ -69,6 +75,7 @@ def platform_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 def test_procfile_serves_on_port_without_the_venv_on_path(tmp_path: Path) -> None:
     port = free_port()
     env = platform_env(tmp_path, port, SEGSTORE_ALLOW_UNAUTHENTICATED="1")
@@ -98,6 +105,7 @@ def test_procfile_serves_on_port_without_the_venv_on_path(tmp_path: Path) -> Non
     assert f"Listening at: http://0.0.0.0:{port}" in output
 
 
+@pytest.mark.process
 def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) -> None:
     """PORT binds every interface, so without an auth file the server needs the explicit opt-in."""
     proc = subprocess.run(
@@ -119,6 +127,7 @@ def test_procfile_on_an_open_port_without_auth_refuses_to_start(tmp_path: Path) 
         ("SEGSTORE_CONTAINER_COUNT", "many", "container_count"),
     ],
 )
+@pytest.mark.process
 def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
     tmp_path: Path, variable: str, value: str, named: str
 ) -> None:
@@ -128,9 +137,27 @@ def test_a_setting_out_of_its_range_stops_the_server_with_one_line(
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.process
 def test_gunicorn_exits_on_an_open_bind_with_auth_off(tmp_path: Path) -> None:
     proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "0.0.0.0:0"})
     assert "refusing to bind 0.0.0.0:0 with auth off" in proc.stderr + proc.stdout
+
+
+@pytest.mark.process
+def test_gunicorn_refuses_a_port_in_use_saying_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        bind = f"127.0.0.1:{holder.getsockname()[1]}"
+        proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": bind})
+    assert f"{bind} is in use (another server? stop it, or set SEGSTORE_BIND" in proc.stderr
+    assert not (tmp_path / "data").exists()  # refused before any worker opened the store
+
+
+@pytest.mark.process
+def test_gunicorn_refuses_a_bind_without_a_host(tmp_path: Path) -> None:
+    proc = gunicorn_refusing(tmp_path, {"SEGSTORE_BIND": "8081"})
+    assert "setting bind='8081': host:port expected, e.g. 127.0.0.1:8081" in proc.stderr
 
 
 def gunicorn_refusing(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -157,7 +184,11 @@ def test_extras_bring_what_the_readme_runs() -> None:
     names = {extra: {Requirement(spec).name for spec in specs} for extra, specs in extras.items()}
     assert [Requirement(spec).extras for spec in extras["s3"]] == [{"server"}]
     assert names["s3"] == {"moto"}
-    assert names["spark"] == {"pyspark", "pyarrow"}
+    assert extras["spark"] == ["segstore-client[spark]>=0.1"]
+    client_extras = tomllib.loads((ROOT / "clients/python/pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {Requirement(spec).name for spec in client_extras["spark"]} == {"pyspark", "pyarrow"}
     (own,) = [Requirement(spec) for spec in extras["test"] if Requirement(spec).name == "segstore"]
     assert own.extras == {"s3", "spark"}
     assert "moto_server" in {e.name for e in metadata.distribution("moto").entry_points}
@@ -199,7 +230,9 @@ def docker_exec_form(instruction: str) -> list[str]:
 def test_dockerfile_serves_the_defaults_on_every_interface_with_data_on_a_volume() -> None:
     instructions = dockerfile()
     assert instructions[0] == ("FROM", "python:3.11-slim")
-    assert any(name == "RUN" and args.startswith("pip install .") for name, args in instructions)
+    # The client's own distribution first: the server depends on it, and no index has it.
+    runs = [args for name, args in instructions if name == "RUN"]
+    assert any(args.startswith("pip install ./clients/python .") for args in runs)
     env = docker_env()
     assert env["SEGSTORE_BIND"].startswith("0.0.0.0:")
     assert "SEGSTORE_ALLOW_UNAUTHENTICATED" not in env  # an open store is the operator's choice
@@ -213,6 +246,7 @@ def test_dockerfile_serves_the_defaults_on_every_interface_with_data_on_a_volume
     assert {".venv", "data", ".git"} <= set(ignored)
 
 
+@pytest.mark.process
 def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
     """What the image runs, run on this machine (no Docker daemon): its CMD with its ENV serves,
     and its HEALTHCHECK command passes against it and fails once it is gone."""
@@ -243,6 +277,7 @@ def test_the_images_command_and_healthcheck_work_here(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_the_images_build_steps_install_a_package_that_serves(tmp_path: Path) -> None:
     """The image's build without Docker: exactly what it COPYs, installed into a fresh venv by its
     ``pip install .``, serves its CMD from its WORKDIR (nothing read from this checkout)."""
@@ -263,7 +298,8 @@ def test_the_images_build_steps_install_a_package_that_serves(tmp_path: Path) ->
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "."], cwd=image, check=True, timeout=600)
+    (install,) = [args.split("&&")[0] for name, args in instructions if name == "RUN"]
+    subprocess.run([python, "-m", *install.split()], cwd=image, check=True, timeout=600)
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("SEGSTORE_", "PYTHON"))},
@@ -303,6 +339,7 @@ def systemd_unit() -> dict[str, list[tuple[str, str]]]:
     return sections
 
 
+@pytest.mark.process
 def test_systemd_unit_has_its_state_directory_settings_file_network_and_hardening(tmp_path: Path) -> None:
     unit = systemd_unit()
     assert ("Wants", "network-online.target") in unit["Unit"]

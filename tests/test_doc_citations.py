@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_FOLDERS = ("app", "engine", "client", "bench", "tests", "deploy")
+SOURCE_FOLDERS = ("app", "engine", "clients", "bench", "tests", "deploy")
 PROSE = ("README.md", "openapi.yaml", "docs")
 # A Markdown file name, with the section that may follow it (across a line break and a comment mark).
 _CITATION = re.compile(r'(?<![\w./-])([\w./-]+\.md)\b(?:[\s#*]*"([^"\n]+)")?')
 # A path of this repository, as the prose names source files.
-_REPO_PATH = re.compile(r"(?<![\w./-])((?:app|engine|client|bench|tests|deploy|docs)/[\w./-]*\w)")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:app|engine|clients|bench|tests|deploy|docs)/[\w./-]*\w)")
 _HEADING = re.compile(r"^#+\s+(.+?)\s*$", re.MULTILINE)
 _URL = re.compile(r"\w+://\S+")
 

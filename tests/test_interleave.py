@@ -11,6 +11,7 @@ import random
 import threading
 from pathlib import Path
 
+import pytest
 import requests
 
 from bench.servers import ServerProcess
@@ -66,6 +67,7 @@ def _read_all(url: str, name: str) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.process
 def test_concurrent_appends_split_exactly_into_acknowledged_appends(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data") as server:
         assert requests.put(f"{server.url}/v1/segments/{SEGMENT}", timeout=10).status_code == 201

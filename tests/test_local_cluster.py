@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.local_cluster import cluster_map, wait_for
+from bench.local_cluster import cluster_map
 from bench.servers import ROOT
+from tests.polling import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def _children(pid: int) -> list[int]:
@@ -40,6 +41,13 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
+def _verb(verb: str, node: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.local_cluster", verb, node, "--dir", str(workdir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
 def test_the_launcher_runs_three_nodes_sharing_containers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "SEGSTORE_LEASE_S": "3", "SEGSTORE_LOG_LEVEL": "warning"}
     launcher = subprocess.Popen(
@@ -52,8 +60,8 @@ def test_the_launcher_runs_three_nodes_sharing_containers_and_ctrl_c_leaves_noth
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout or []), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any(line.startswith("containers by node:") for line in lines), 150,
-                 "the containers spread over the nodes")
+        spread = "the containers spread over the nodes"
+        wait_until(lambda: any(line.startswith("containers by node:") for line in lines), spread, 150)
         urls = dict(re.findall(r"^node (\w): (http://\S+)", "".join(lines), re.MULTILINE))
         assert sorted(urls) == ["a", "b", "c"], lines
         assert any(line.startswith("S3 (moto): http://127.0.0.1:") for line in lines)
@@ -71,14 +79,28 @@ def test_the_launcher_runs_three_nodes_sharing_containers_and_ctrl_c_leaves_noth
         servers = _children(launcher.pid)
         assert len(servers) == 4  # moto and three gunicorn arbiters, each leading its own group
         assert all(os.getpgid(pid) == pid for pid in servers)
+
+        # The failover playground: a node killed, the others go on, the node started again.
+        assert _verb("kill", "b", tmp_path).returncode == 0
+        wait_until(lambda: any(line.startswith("node b exited") for line in lines), "b's death seen", 30)
+        assert launcher.poll() is None
+        for node in "ac":  # every segment still served, by the nodes left (after a takeover if b had it)
+            segment = f"{urls['a']}/v1/segments/launcher-{node}"
+            wait_until(lambda s=segment: requests.get(s, params={"offset": 0}, timeout=30).content == b"hi",
+                       f"{segment} served", 60)
+        restarted = _verb("restart", "b", tmp_path)
+        assert restarted.returncode == 0 and f"node b: {urls['b']} again" in restarted.stdout, restarted
+        assert requests.get(f"{urls['b']}/healthz", timeout=10).status_code in (200, 503)
+        servers = _children(launcher.pid)
     finally:
         os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground job
     assert launcher.wait(90) == 0
     reader.join(10)
     assert launcher.stdout is not None
     launcher.stdout.close()
-    assert lines[-1].strip() == "stopped", lines
-    wait_for(lambda: all(_group_gone(pid) for pid in servers), 30, "every server's processes gone")
+    assert lines[-1].strip() == f"stopped; data and logs stay in {tmp_path}", lines
+    assert (tmp_path / "moto.log").exists() and list(tmp_path.glob("server-*.log"))
+    wait_until(lambda: all(_group_gone(pid) for pid in servers), "every server's processes gone", 30)
     for url in urls.values():
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{url}/healthz", timeout=5)

@@ -6,11 +6,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from bench.servers import ServerProcess
 
 
+@pytest.mark.process
 def test_sigterm_ends_tails_promptly_and_keeps_data(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     url = server.url + "/v1/segments/a/b/0"

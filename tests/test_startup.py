@@ -26,7 +26,7 @@ import requests
 
 from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 REFUSED_EXIT = 3  # a misconfiguration: the arbiter stops, it does not start another worker
 LATER_EXIT = 4  # what it needs may come: the arbiter stops too, a service manager may start it again
@@ -95,7 +95,8 @@ def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path) -> None:
     with ServerProcess(data):
         status, log = refused_start(data, {})
     assert status == LATER_EXIT
-    assert_one_line_refusal(log, "another process owns the data directory")
+    assert_one_line_refusal(log, "owns the data directory " + str(data.resolve()))
+    assert re.search(r"another process \(pid [0-9]+\)", log)
 
 
 def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:

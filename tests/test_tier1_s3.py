@@ -26,6 +26,7 @@ import pytest
 import requests
 
 from bench.servers import FAKE_AWS_ENV, ServerProcess
+from tests.conftest import random_seed
 from tests.test_crash import SEGMENTS, TIMEOUT_S, Ledger, Writer, run_and_kill, verify
 
 pytestmark = pytest.mark.slow
@@ -98,6 +99,7 @@ def test_acknowledged_appends_survive_the_loss_of_the_node(
 ) -> None:
     env = s3_tiers_env(moto_endpoint, s3_bucket)
     ledger = Ledger([Writer(i) for i in range(4)])
+    rng = random.Random(random_seed())
     plain = OffsetWriter("plain/0")
     for cycle in range(CYCLES):
         data_dir = tmp_path / f"node-{cycle}"  # a new machine each time: nothing local survives
@@ -112,7 +114,7 @@ def test_acknowledged_appends_survive_the_loss_of_the_node(
                 plain.verify(server.url)
             appender = threading.Thread(target=plain.run, args=(server.url,))
             appender.start()
-            run_and_kill(server, ledger, random.uniform(1.0, 2.5))
+            run_and_kill(server, ledger, rng.uniform(1.0, 2.5), rng)
             appender.join(TIMEOUT_S + 5)
         finally:
             server.kill()

@@ -22,10 +22,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine import SegmentStore, Settings, Throttled
-from engine.container import SegmentContainer
-from engine.durable_log.file_log import FileDataLog
+from engine.container.segment_container import SegmentContainer
 from engine.metrics import EngineMetrics
 from engine.naming import container_for, tier1_dir
+from engine.tier1.file_log import FileDataLog
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,18 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from app.streams.names import STREAM_DATA_PREFIX
 from bench.servers import FAKE_AWS_ENV, ServerProcess
-from engine import STREAM_DATA_PREFIX, SegmentStore, Settings
-from engine.container import SegmentContainer
-from engine.durable_log.memory_data_log import MemoryDataLog
+from engine import SegmentStore, Settings
+from engine.container.segment_container import SegmentContainer
 from engine.metrics import EngineMetrics
 from engine.naming import chunk_name, parse_chunk_name, parse_log_file_name, tier1_dir
+from engine.tier1.memory_log import MemoryDataLog
 from engine.tier2.chunk_storage import ChunkHandle
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 from engine.tier2.s3 import S3ChunkStorage
+from tests.polling import wait_until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -79,13 +81,6 @@ def running(data_dir: Path, env: dict[str, str]) -> Iterator[ServerProcess]:
     finally:
         server.kill()
 
-
-def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting until {what}")
-        time.sleep(0.02)
 
 
 class Client:

@@ -26,7 +26,7 @@ import requests
 
 from bench.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PARENT = "crash/txn"
 THREADS = 4

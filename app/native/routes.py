@@ -27,8 +27,9 @@ from werkzeug.routing import BaseConverter, Rule
 from app import auth, ops, params
 from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
-from app.native import appends, reads
+from app.native import append_shortcut, read_shortcut
 from app.native.sse import event_stream_response, wants_event_stream
+from app.settings import HttpSettings
 from engine import (
     ATTRIBUTES_PER_REQUEST_MAX,
     AppendResult,
@@ -46,7 +47,7 @@ bp = Blueprint("segments", __name__)
 LIST_LIMIT_DEFAULT = 1000
 LIST_LIMIT_MAX = 10000
 PARTITION_BYTES_DEFAULT = 64 * 1024 * 1024
-_ROUTE = appends.ROUTE
+_ROUTE = append_shortcut.ROUTE
 
 
 class SegmentPathConverter(BaseConverter):
@@ -67,13 +68,13 @@ bp.record_once(lambda state: state.app.url_map.converters.update(segment_path=Se
 def init_app(app: Flask) -> None:
     """Register the routes, and the merge source as a name a merge touches (auth judges it).
 
-    Plain appends and reads take the WSGI shortcuts (``appends.PlainAppend``,
-    ``reads.PlainRead``) in front of Flask.
+    Plain appends and reads take the WSGI shortcuts (``append_shortcut.NativeAppendShortcut``,
+    ``read_shortcut.NativeReadShortcut``) in front of Flask.
     """
     app.register_blueprint(bp)
     auth.add_touches(app, "/v1/segments/", _merge_touches)
-    app.wsgi_app = appends.PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
-    app.wsgi_app = reads.PlainRead(app, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = append_shortcut.NativeAppendShortcut(app, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = read_shortcut.NativeReadShortcut(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
 def _merge_touches(
@@ -137,14 +138,15 @@ def _append_with(append_to: Callable[..., AppendResult]) -> Response:
     if not data:
         raise InvalidArgument("an append needs a body of at least one byte; this one is empty")
     result = append_to(data, **conditions.as_kwargs())
-    headers, body = appends.append_answer(result)
+    headers, body = append_shortcut.append_answer(result)
     # The hot path: a direct Response is measurably cheaper than jsonify().
     return Response(body, headers=headers, mimetype="application/json")
 
 
 def append(name: str) -> Response:
     """POST: append the body bytes, plain, conditional on the length, or deduplicated."""
-    return _append_with(functools.partial(store().append, name))
+    with append_shortcut.create_it_first(name):
+        return _append_with(functools.partial(store().append, name))
 
 
 def read(name: str) -> Response:
@@ -165,7 +167,8 @@ def read(name: str) -> Response:
         resume = params.last_event_id(request)
         start = resume if resume is not None else offset
         first = store().read(name, start)
-        return event_stream_response(store(), name, first, settings.sse_wait_s)
+        http: HttpSettings = current_app.extensions["segstore.http"]
+        return event_stream_response(store(), name, first, http.sse_wait_s(settings))
     if byte_range is not None:
         offset, length = byte_range
         if offset is None:  # the last ``length`` bytes (of what is still readable)
@@ -173,10 +176,10 @@ def read(name: str) -> Response:
             offset = max(now.start_offset, now.length - (length or 0))
             length = (now.length - offset) or None
     result = store().read(name, offset, length, wait_s=wait_s or 0.0)
-    status, headers = reads.read_answer(result)
+    status, headers = read_shortcut.read_answer(result)
     if status == 204:
         return Response(status=204, headers=headers)
-    if request.if_none_match.contains_weak(reads.etag(result)):
+    if request.if_none_match.contains_weak(read_shortcut.etag(result)):
         del headers["Content-Length"]
         return Response(status=304, headers=headers)
     if byte_range is not None:
@@ -407,8 +410,12 @@ def segment(target: str) -> Response:
             return method_not_allowed(_PLAIN)
         return _PLAIN[request.method](name)
     verb = custom.partition("/")[0]
-    if verb not in _CUSTOM:
-        raise NotFound(f"unknown custom method :{verb}; known: {', '.join(sorted(_CUSTOM))}")
+    if verb not in _CUSTOM:  # most often a name with a colon in it, rarely a misspelt method
+        known = ", ".join(f":{v}" for v in sorted(_CUSTOM))
+        raise InvalidName(
+            f"{target.partition('/')[0]!r}: a segment name cannot hold ':', which starts a custom method, "
+            f"and :{verb} is none (they are {known})"
+        )
     form, handlers, args = _custom_route(verb, custom[len(verb) :])
     ops.set_route(f"{_ROUTE}:{verb}{form}")
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from xml.sax.saxutils import escape
 
 from flask import Response, request
 
+from app import ops
 from app.auth import Forbidden, Unauthorized
 from app.errors import MalformedBody
 from app.s3.errors import S3Error
@@ -25,6 +25,7 @@ from engine import (
     SegmentExists,
     SegmentNotFound,
     SegmentSealed,
+    SegmentTruncated,
     SegstoreError,
     Throttled,
 )
@@ -46,6 +47,8 @@ def from_engine(err: SegstoreError, *, missing: str = "NoSuchKey") -> S3Error:
         return S3Error("InvalidRequest", f"the object is sealed and takes no appends: {err.detail}")
     if isinstance(err, InvalidName):
         return S3Error("InvalidArgument", f"the key cannot name a segment: {err.detail}")
+    if isinstance(err, SegmentTruncated):  # between the object's size and its read (app/s3/reading.py)
+        return S3Error("OperationAborted", f"the object was truncated while it was read: {err.detail}")
     if isinstance(err, PayloadTooLarge):
         return S3Error("EntityTooLarge", err.detail)
     if isinstance(err, MalformedBody):
@@ -59,13 +62,13 @@ def from_engine(err: SegstoreError, *, missing: str = "NoSuchKey") -> S3Error:
         return S3Error("InternalError", err.detail)
     if err.code in ("StoreLocked", "StorageFull", "Throttled"):
         return S3Error("ServiceUnavailable", err.detail, headers={"Retry-After": "1"})
-    log.error("%s: %s", err.code, err.detail)
+    log.error("%s: %s: %s", ops.request_ref(), err.code, err.detail)
     return S3Error("InternalError", "We encountered an internal error. Please try again.")
 
 
 def render(err: S3Error) -> Response:
     """The ``<Error>`` document (no body for HEAD), with the request id S3 clients log."""
-    request_id = uuid.uuid4().hex[:16].upper()
+    request_id = ops.request_id(request.environ)
     headers = {"x-amz-request-id": request_id, **err.headers}
     if request.method == "HEAD":
         return Response(status=err.status, headers=headers)
@@ -83,5 +86,5 @@ def render_engine_error(err: SegstoreError) -> Response:
 
 def render_unexpected(err: Exception) -> Response:
     """An error nobody raised on purpose: logged whole, answered as S3's InternalError."""
-    log.exception("unhandled error in an S3 request", exc_info=err)
+    log.exception("unhandled error in %s", ops.request_ref(), exc_info=err)
     return render(S3Error("InternalError", "We encountered an internal error. Please try again."))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import zlib
+from collections.abc import Callable
 from typing import Protocol
 
 import crc32c
@@ -66,7 +67,7 @@ class _Crc64Nvme:
         return (self.value ^ _MASK64).to_bytes(8, "big")
 
 
-_ALGORITHMS = {
+_ALGORITHMS: dict[str, Callable[[], Checksum]] = {
     "crc32": _Crc32,
     "crc32c": _Crc32c,
     "crc64nvme": _Crc64Nvme,

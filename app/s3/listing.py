@@ -18,7 +18,7 @@ from urllib.parse import quote_plus
 
 from flask import Response, request
 
-from app.s3 import multipart, objects
+from app.s3 import multipart, objects, reading
 from app.s3.errors import S3Error
 from app.s3.subresources import OWNER_ID
 from app.s3.xml import Node, document, iso8601
@@ -111,7 +111,7 @@ def _object_fields(bucket: str, info: SegmentInfo, etag: str, enc: Callable[[str
         ("Key", enc(info.name[len(bucket) + 1 :])),
         ("LastModified", iso8601(info.last_modified)),
         ("ETag", f'"{etag}"'),
-        ("Size", info.length),
+        ("Size", reading.object_size(info)),
     ]
 
 

@@ -8,8 +8,9 @@ it describes, so a record never speaks for other bytes than its own.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.s3.errors import S3Error
 
@@ -83,7 +84,15 @@ class Stored:
         )
 
 
-def from_request(headers: Mapping[str, str]) -> dict[str, str]:
+class RequestHeaders(Protocol):
+    """A request's headers as the HTTP side hands them over (werkzeug's ``Headers``: ``get`` ignores case)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def items(self) -> Iterable[tuple[str, str]]: ...
+
+
+def from_request(headers: RequestHeaders) -> dict[str, str]:
     """The metadata a PutObject, CopyObject (REPLACE) or CreateMultipartUpload sends.
 
     ``aws-chunked`` is a transfer detail, not the object's encoding, and is

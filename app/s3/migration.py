@@ -30,15 +30,12 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from app.s3.names import LEGACY_S3_PREFIX, S3, s3_state_name
 from engine import (
-    LEGACY_S3_PREFIX,
-    S3_OWNER,
     SegmentExists,
     SegmentNotFound,
     SegmentStore,
     SegstoreError,
-    migrated_marker,
-    s3_state_name,
 )
 
 log = logging.getLogger(__name__)
@@ -81,7 +78,7 @@ def migrate(store: SegmentStore) -> int:
     """
     if store.node is not None:
         return 0
-    marker = migrated_marker(S3_OWNER)
+    marker = S3.migrated
     with contextlib.suppress(SegmentNotFound):
         store.info(marker)
         return 0

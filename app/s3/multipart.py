@@ -9,7 +9,7 @@ again is a new line; the last one wins). Each part's bytes go into a
 transaction of the upload segment, invisible until committed.
 
 CompleteMultipartUpload judges the write's conditions and the chosen parts,
-then does everything in one composite operation (engine/composite.py):
+then does everything in one composite operation (engine/container/composite.py):
 each chosen part's transaction sealed and merged into the upload segment
 in part-number order, the upload published as the object (``objects.publish``:
 the old object replaced, the record written) with S3's ETag
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from app.s3 import checksums, objects
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
+from app.s3.names import s3_state_name
 from engine import (
     AppendStep,
     CreateStep,
@@ -58,7 +59,6 @@ from engine import (
     SegmentStore,
     SegstoreError,
     Step,
-    s3_state_name,
     transaction_name,
 )
 
@@ -299,7 +299,7 @@ def complete(
         tx = transaction_name(upload, part.txid)
         before += [SealStep(tx), MergeStep(upload, tx)]
     record = functools.partial(_completion_line, bucket, key, stored, target)
-    after = [CreateStep(completed_name(upload_id)), AppendStep(completed_name(upload_id), record),
+    after: list[Step] = [CreateStep(completed_name(upload_id)), AppendStep(completed_name(upload_id), record),
              DeleteStep(parts_name(upload_id))]  # fmt: skip
     try:
         objects.publish(
@@ -325,7 +325,9 @@ def _completion_line(
     bucket: str, key: str, stored: Stored, target: str, info_of: Callable[[str], SegmentInfo]
 ) -> bytes:
     """The completion record: what the Complete answered, and the object it made (its segment id)."""
-    record = {"bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum}
+    record: dict[str, object] = {
+        "bucket": bucket, "key": key, "etag": stored.etag, "checksum": stored.checksum,
+    }  # fmt: skip
     record["id"] = info_of(target).segment_id
     return json.dumps(record, ensure_ascii=False).encode()
 

@@ -20,7 +20,7 @@ API refuses and native listings hide:
   names are picked in the target's container, so publishing them is a
   metadata-only merge, whatever the object's size.
 
-Publishing (``publish``) is one composite operation (engine/composite.py):
+Publishing (``publish``) is one composite operation (engine/container/composite.py):
 the old object deleted, the new one created with its bytes (or the staging
 segment merged into it), its record written, the object sealed, all in one
 log entry. A reader sees the old object or the new one, each with its own
@@ -48,6 +48,7 @@ from typing import TypeVar
 
 from app.s3.errors import S3Error
 from app.s3.metadata import Stored
+from app.s3.names import s3_state_name
 from engine import (
     AppendStep,
     ConditionalCheckFailed,
@@ -64,7 +65,6 @@ from engine import (
     Step,
     Throttled,
     TruncateStep,
-    s3_state_name,
     validate_segment_name,
 )
 
@@ -155,7 +155,8 @@ def bucket_shaped(bucket: str) -> bool:
 
 def derived_etag(info: SegmentInfo) -> str:
     """The ETag of an object without a valid MD5 record: stable while its bytes are, never an MD5."""
-    return hashlib.md5(f"{info.segment_id}:{info.length}".encode()).hexdigest() + "-1"
+    start = f":{info.start_offset}" if info.start_offset else ""  # truncated through the native API
+    return hashlib.md5(f"{info.segment_id}:{info.length}{start}".encode()).hexdigest() + "-1"
 
 
 def _record(store: SegmentStore, info: SegmentInfo) -> dict | None:
@@ -179,7 +180,7 @@ def _parsed(data: bytes | None, info: SegmentInfo) -> dict | None:
 
 
 def _stored(record: dict | None, info: SegmentInfo) -> Stored:
-    if record is not None and record["length"] == info.length:
+    if record is not None and record["length"] == info.length and info.start_offset == 0:
         return Stored.from_json(record)
     return Stored(derived_etag(info))
 

@@ -8,6 +8,12 @@ client asks with ``x-amz-checksum-mode: ENABLED``, the checksum of exactly the
 bytes answered: the object's for all of it, a part's for one part of a
 composite multipart object, none for a byte range (a client would check it
 against the range and fail).
+
+A segment truncated through the native API keeps only its bytes from its
+start offset on; S3 has no such state, so the object is those bytes
+(``object_size``): byte 0 of the object is the segment's start offset, and
+HEAD, ranges and listings agree on it. Its ETag is derived (the record of an
+upload counts only for untruncated bytes).
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ def part_number_arg() -> int | None:
     if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= PART_NUMBER_MAX:
         raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and {PART_NUMBER_MAX}")
     return int(raw)
+
+
+def object_size(info: SegmentInfo) -> int:
+    """The bytes S3 serves of the object segment ``info``: those from its start offset on."""
+    return info.length - info.start_offset
 
 
 def _object_headers(info: SegmentInfo, stored: metadata.Stored) -> dict[str, str]:
@@ -123,7 +134,7 @@ def _invalid_range(length: int) -> S3Error:
 
 
 def stream(store: SegmentStore, info: SegmentInfo, start: int, end: int) -> Iterator[bytes]:
-    """The bytes [start, end) of the object ``info`` names, read by read; stops if it is replaced.
+    """The segment's bytes [start, end) of the object ``info`` names, read by read; stops if it is replaced.
 
     A copy's source may live on another node of a cluster: it is read through it.
     """
@@ -163,23 +174,24 @@ def _answer(store: SegmentStore, info: SegmentInfo, stored: metadata.Stored, *, 
     if not_modified is not None:
         return not_modified
     headers = _object_headers(info, stored)
+    size = object_size(info)
     number = part_number_arg()
     if number is not None:
-        byte_range = _part_range(stored, info.length, number)
+        byte_range = _part_range(stored, size, number)
         if stored.parts:
             headers["x-amz-mp-parts-count"] = str(len(stored.parts))
             checksum = stored.part_checksum(number)
         else:
             checksum = stored.checksum  # the one part is the whole object
     else:
-        byte_range = _byte_range(info.length)
+        byte_range = _byte_range(size)
         checksum = stored.checksum if byte_range is None else {}
     if request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
         headers.update(checksum)
-    start, end, status = 0, info.length, 200
+    start, end, status = 0, size, 200
     if byte_range is not None:
         start, end, status = byte_range[0], byte_range[1] + 1, 206
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.length}"
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     headers["Content-Length"] = str(end - start)
     if not head:
         headers.update(
@@ -187,7 +199,7 @@ def _answer(store: SegmentStore, info: SegmentInfo, stored: metadata.Stored, *, 
         )
     if head:
         return Response(status=status, headers=headers)
-    body = stream(store, info, start, end)
+    body = stream(store, info, info.start_offset + start, info.start_offset + end)
     # The first read happens now, so a failure still gets a proper error answer.
     first = next(body, b"")
     return Response(_chain(first, body), status=status, headers=headers)

@@ -30,7 +30,7 @@ from app.s3 import (
     sigv4,
     subresources,
 )
-from app.s3.chunked import Body
+from app.s3.aws_chunked import Body
 from app.s3.errors import S3Error
 from app.s3.xml import document, iso8601, parse
 from engine import (
@@ -316,10 +316,10 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
     md5 = hashlib.md5()
 
     def pieces() -> Iterator[bytes]:
-        """The source's bytes in pieces of at most one append, hashed as they pass."""
+        """The source's bytes (from its start offset) in pieces of one append at most, hashed as they go."""
         size = store.settings.max_append_bytes
         buffer = bytearray()
-        for piece in reading.stream(store, info, 0, info.length):
+        for piece in reading.stream(store, info, info.start_offset, info.length):
             md5.update(piece)
             if checksum is not None:
                 checksum.update(piece)
@@ -327,7 +327,7 @@ def _copy_object(store: SegmentStore, verdict: sigv4.Verdict, name: str) -> Resp
             while len(buffer) >= size:
                 yield bytes(buffer[:size])
                 del buffer[:size]
-        if buffer or not info.length:
+        if buffer:
             yield bytes(buffer)
 
     data, staging = objects.small_or_staged(store, name, pieces(), lambda: None)
@@ -386,13 +386,14 @@ def _append_at(store: SegmentStore, name: str, data: bytes, offset: int) -> Segm
             assert isinstance(created, SegmentInfo)
             return created
         if not data:
-            if info.length != offset:
-                raise S3Error("InvalidWriteOffset", f"the object is {info.length} bytes long, not {offset}")
+            size = reading.object_size(info)
+            if size != offset:
+                raise S3Error("InvalidWriteOffset", f"the object is {size} bytes long, not {offset}")
             return info
-        try:
-            return store.append(name, data, expected_offset=offset).info
+        try:  # the object starts at the segment's start offset (truncated through the native API)
+            return store.append(name, data, expected_offset=info.start_offset + offset).info
         except ConditionalCheckFailed as err:
-            length = err.segment.length if err.segment is not None else "another number of"
+            length = reading.object_size(err.segment) if err.segment is not None else "another number of"
             raise S3Error("InvalidWriteOffset", f"the object is {length} bytes long, not {offset}") from None
         except SegmentSealed:
             raise S3Error(

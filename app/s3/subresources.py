@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from app.s3.errors import S3Error
+from app.s3.metadata import RequestHeaders
 
 # The ID of the one owner of every bucket and object (listings' Owner element).
 OWNER_ID = "segstore"
@@ -122,7 +123,7 @@ def not_implemented(what: str) -> S3Error:
     )
 
 
-def operation(level: str, method: str, args: Mapping[str, str], headers: Mapping[str, str]) -> str:
+def operation(level: str, method: str, args: Mapping[str, str], headers: RequestHeaders) -> str:
     """The served operation this request names; 501 for S3 features segstore does not serve.
 
     ``level`` is ``service``, ``bucket`` or ``object``. A request naming two
@@ -144,7 +145,7 @@ def operation(level: str, method: str, args: Mapping[str, str], headers: Mapping
     return op
 
 
-def _check_headers(method: str, headers: Mapping[str, str]) -> None:
+def _check_headers(method: str, headers: RequestHeaders) -> None:
     lowered = {name.lower() for name, _ in headers.items()}
     if method in ("GET", "HEAD"):
         refused: tuple[str, ...] = ("x-amz-server-side-encryption-customer-",)

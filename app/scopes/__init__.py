@@ -1,7 +1,7 @@
 """Streams (seed 004, ``/v1/scopes``): parallel segments, routing keys, scaling, transactions, cuts.
 
 The layer plays Pravega's Controller over the engine's public calls
-(docs/design.md "Streams (seed 004; `app/scopes/`, the role of Pravega's
+(docs/design.md "Streams (seed 004; the `scopes` surface, the role of Pravega's
 Controller)"). The mapping onto segments is Flask-free and tested on a bare
 ``SegmentStore``: ``names``, ``ranges``, ``records`` (a stream's record and
 its fold), ``log`` (reading and appending records), ``controller`` (scopes

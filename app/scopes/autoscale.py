@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.scopes import ranges, records
-from engine import Settings
 
 KIB = 1024
 
@@ -66,14 +65,14 @@ class Rates:
 
 
 def decide(
-    state: records.StreamState, rates: dict[int, float | None], wall_now: float, settings: Settings
+    state: records.StreamState, rates: dict[int, float | None], wall_now: float, cooldown_s: float
 ) -> tuple[list[int], list[ranges.Range]] | None:
     """The scale the policy asks for now, as (segments to seal, new ranges), or None."""
     policy = state.config.scaling
     if policy.type == "fixed" or state.pending is not None or state.sealing:
         return None
     current = state.current
-    cooled = wall_now - settings.stream_scale_cooldown_s
+    cooled = wall_now - cooldown_s
     # The rates of the segments old enough to judge, whose samples span the window.
     known = {
         s.id: rate

@@ -18,24 +18,23 @@ from app.scopes import records, steps
 from app.scopes.errors import ScopeNotFound, StreamConflict, StreamNotFound, StreamNotSealed
 from app.scopes.log import Loaded, Raced, RecordLog, now
 from app.scopes.names import SCOPE_MARKERS, STREAM_RECORDS, scope_marker, stream_of_record
-from engine import CreateStep, SealStep, SegmentExists, SegmentNotFound, SegmentStore, Settings
+from app.settings import HttpSettings
+from engine import CreateStep, SealStep, SegmentExists, SegmentNotFound, SegmentStore
 
 # What a change makes of a stream's state: the line to append (kind, fields), or None for none.
 Judge = Callable[[Loaded], "tuple[str, dict] | None"]
 
 
 class Controller:
-    """Scopes and streams over ``store``; one per process, shared by the routes and the keeper."""
+    """Scopes and streams over ``store`` (``http``: the stream settings); one per process, shared by
+    the routes and the keeper."""
 
-    def __init__(self, store: SegmentStore) -> None:
+    def __init__(self, store: SegmentStore, http: HttpSettings) -> None:
         self.store = store
+        self.http = http
         self.log = RecordLog(store)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-
-    @property
-    def settings(self) -> Settings:
-        return self.store.settings
 
     # ------------------------------------------------------------ scopes
     def create_scope(self, scope: str) -> bool:

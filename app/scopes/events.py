@@ -1,10 +1,10 @@
 """One event to a stream (``POST .../events``): routed by its key, framed, deduplicated across scalings.
 
 The event is stored as one length-prefixed frame (docs/api.md "Appends":
-4-byte big-endian length, then the payload; ``client/events.py`` frames and
-reads them) in the current segment covering its key's hash
-(``client/routing.py``). With ``Writer-Id`` and ``Event-Number`` the append
-is deduplicated by the segment's writer state, and, on a segment born of a
+4-byte big-endian length, then the payload; the client's ``events`` module
+frames and reads them) in the current segment covering its key's hash (the
+client's ``routing`` module). With ``Writer-Id`` and ``Event-Number`` the
+append is deduplicated by the segment's writer state, and, on a segment born of a
 scale, first checked against the writer's numbers on the sealed
 predecessors along the key's lineage: a number at or above the event's
 means it was stored there before the seal, and it is answered as a

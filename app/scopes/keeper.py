@@ -32,9 +32,9 @@ class Keeper(Periodic):
     """Runs ``round()`` every ``stream_scale_sample_s`` in a thread of its own, until stopped."""
 
     def __init__(self, ctl: Controller) -> None:
-        super().__init__("stream-keeper", ctl.settings.stream_scale_sample_s, ctl.store, self.round)
+        super().__init__("stream-keeper", ctl.http.stream_scale_sample_s, ctl.store, self.round)
         self.ctl = ctl
-        self.rates = autoscale.Rates(ctl.settings.stream_scale_window_s)
+        self.rates = autoscale.Rates(ctl.http.stream_scale_window_s)
 
     def round(self) -> None:
         """Finish and auto-scale every stream served here, once."""
@@ -59,7 +59,7 @@ class Keeper(Periodic):
             self.rates.add(name, autoscale.Sample(time.monotonic(), info.length, info.event_count))
             names[segment.id] = name
         rates = {sid: self.rates.rate(name, policy) for sid, name in names.items()}
-        decision = autoscale.decide(state, rates, now(), self.ctl.settings)
+        decision = autoscale.decide(state, rates, now(), self.ctl.http.stream_scale_cooldown_s)
         if decision is not None:
             seal, new = decision
             log.info("stream %s/%s: auto-scale seals %s into %s", scope, stream, seal, new)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import re
 import uuid
 
-from engine import InvalidName, SegmentStore, scopes_state_name
+from engine import InvalidName, SegmentStore, reserve
 
 _PART = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}")
-SCOPE_MARKERS = scopes_state_name("scopes", "")
-STREAM_RECORDS = scopes_state_name("streams", "")
+SCOPES = reserve("scopes")
+SCOPE_MARKERS = SCOPES.prefix("scopes")
+STREAM_RECORDS = SCOPES.prefix("streams")
 
 
 def check_part(value: str, what: str) -> str:
@@ -36,11 +37,11 @@ def check_part(value: str, what: str) -> str:
 
 
 def scope_marker(scope: str) -> str:
-    return scopes_state_name("scopes", scope)
+    return SCOPES.name("scopes", scope)
 
 
 def stream_record(scope: str, stream: str) -> str:
-    return scopes_state_name("streams", f"{scope}/{stream}")
+    return SCOPES.name("streams", f"{scope}/{stream}")
 
 
 def stream_of_record(record: str) -> tuple[str, str]:
@@ -58,6 +59,6 @@ def transaction_segment(store: SegmentStore, parent: str) -> str:
     """A fresh ``#scopes/txns/<hex>`` in ``parent``'s container (a commit then merges it in place)."""
     want = store.container_of(parent)
     while True:
-        name = scopes_state_name("txns", uuid.uuid4().hex)
+        name = SCOPES.name("txns", uuid.uuid4().hex)
         if store.container_of(name) == want:
             return name

@@ -2,7 +2,7 @@
 
 Each line is one JSON object with its kind in ``t``, appended with
 ``Expected-Offset`` at the length its writer read (docs/design.md
-"Streams (seed 004; `app/scopes/`, the role of Pravega's Controller)"):
+"Streams (seed 004; the `scopes` surface, the role of Pravega's Controller)"):
 
 - ``created``: ``config``, ``incarnation``, ``time`` and the ``segments`` of
   epoch 0 (``[{"id", "lo", "hi"}]``); a transition like a scale's, ended by
@@ -259,25 +259,20 @@ def fold(state: StreamState, docs: Iterable[Mapping[str, Any]]) -> StreamState:
 def _apply(state: StreamState, doc: Mapping[str, Any]) -> StreamState:
     kind = doc["t"]
     if kind == "scaling":
-        assert state.pending is None and not state.sealing, (state.pending, doc)
-        assert doc["epoch"] == state.epoch + 1, (state.epoch, doc)
-        new = tuple(Segment(s["id"], s["lo"], s["hi"], doc["epoch"]) for s in doc["segments"])
-        assert all(s.id >= state.next_id for s in new) and len({s.id for s in new}) == len(new), doc
-        current = {s.id for s in state.current}
-        assert set(doc["seal"]) <= current, (current, doc)
-        ranges.check_replacement([state.segments[i].range for i in doc["seal"]], [s.range for s in new])
-        segments = {**state.segments, **{s.id: s for s in new}}
-        pending = Transition(doc["epoch"], tuple(doc["seal"]), new, doc["time"])
-        return replace(state, segments=segments, pending=pending, next_id=max(s.id for s in new) + 1)
+        return _scaling(state, doc)
     if kind == "epoch":
         return _end_transition(state, doc)
     if kind == "cancelled":
-        pending = state.pending
-        assert pending is not None and pending.epoch == doc["epoch"] > 0, (pending, doc)
-        segments = {i: s for i, s in state.segments.items() if s not in pending.new}
-        return replace(state, segments=segments, pending=None)
-    if kind in ("sealing", "sealed", "deleting"):
-        return replace(state, **{kind: True})
+        cancelled = state.pending
+        assert cancelled is not None and cancelled.epoch == doc["epoch"] > 0, (cancelled, doc)
+        kept = {i: s for i, s in state.segments.items() if s not in cancelled.new}
+        return replace(state, segments=kept, pending=None)
+    if kind == "sealing":
+        return replace(state, sealing=True)
+    if kind == "sealed":
+        return replace(state, sealed=True)
+    if kind == "deleting":
+        return replace(state, deleting=True)
     if kind == "truncating":
         return replace(state, truncating=Cut.from_json(doc["cut"]))
     if kind == "truncated":
@@ -285,12 +280,25 @@ def _apply(state: StreamState, doc: Mapping[str, Any]) -> StreamState:
         return replace(state, head=state.truncating, truncating=None)
     if kind == "txn":
         assert doc["id"] not in state.transactions, doc
-        segments = tuple(sorted((int(k), v) for k, v in doc["segments"].items()))
-        txn = Transaction(doc["id"], doc["epoch"], doc["deadline"], segments)
+        held = tuple(sorted((int(k), v) for k, v in doc["segments"].items()))
+        txn = Transaction(doc["id"], doc["epoch"], doc["deadline"], held)
         return replace(state, transactions={**state.transactions, txn.id: txn})
     if kind in (COMMITTING, COMMITTED, ABORTING, ABORTED):
         return _transaction_moves(state, doc)
     raise AssertionError(f"unknown record line {doc!r}")
+
+
+def _scaling(state: StreamState, doc: Mapping[str, Any]) -> StreamState:
+    assert state.pending is None and not state.sealing, (state.pending, doc)
+    assert doc["epoch"] == state.epoch + 1, (state.epoch, doc)
+    new = tuple(Segment(s["id"], s["lo"], s["hi"], doc["epoch"]) for s in doc["segments"])
+    assert all(s.id >= state.next_id for s in new) and len({s.id for s in new}) == len(new), doc
+    current = {s.id for s in state.current}
+    assert set(doc["seal"]) <= current, (current, doc)
+    ranges.check_replacement([state.segments[i].range for i in doc["seal"]], [s.range for s in new])
+    segments = {**state.segments, **{s.id: s for s in new}}
+    pending = Transition(doc["epoch"], tuple(doc["seal"]), new, doc["time"])
+    return replace(state, segments=segments, pending=pending, next_id=max(s.id for s in new) + 1)
 
 
 def _end_transition(state: StreamState, doc: Mapping[str, Any]) -> StreamState:

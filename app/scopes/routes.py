@@ -65,7 +65,7 @@ class Layer:
 
 def init_app(app: Flask, store: SegmentStore) -> None:
     """Build the stream layer over ``store``, start its keeper and register the routes."""
-    ctl = Controller(store)
+    ctl = Controller(store, app.extensions["segstore.http"])
     layer = Layer(ctl, events.WriterNumbers(store), Keeper(ctl))
     layer.keeper.start()
     app.extensions["scopes"] = layer
@@ -184,7 +184,7 @@ def _routing_key() -> str:
 
 
 def _event_body() -> bytes:
-    limit = _ctl().settings.max_append_bytes - HEADER_BYTES
+    limit = _ctl().store.settings.max_append_bytes - HEADER_BYTES
     return read_body(request.stream, request.content_length, limit, "event")
 
 

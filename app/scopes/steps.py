@@ -1,7 +1,7 @@
 """What a stream's record leaves pending, finished step by step by whoever touches the stream next.
 
 Every change that spans segments is recorded first and carried out after
-(docs/design.md "Streams (seed 004; `app/scopes/`, the role of Pravega's
+(docs/design.md "Streams (seed 004; the `scopes` surface, the role of Pravega's
 Controller)"), so a crash at any step leaves a record that says what is
 left to do. ``finish`` does it, in this order, each step idempotent:
 

@@ -58,7 +58,7 @@ class TxnEvent:
 
 def timeout_of(ctl: Controller, asked: float | None) -> float:
     """The timeout a transaction gets: ``asked`` (at least 1 s), at most the server's maximum."""
-    settings = ctl.settings
+    settings = ctl.http
     if asked is None:
         return settings.stream_transaction_timeout_s
     if asked < 1:

@@ -31,8 +31,13 @@ from app.streams.format import (
     parse_offset,
     validate_expires_at,
 )
+from app.streams.names import stream_data_segment, stream_meta_segment
 from app.streams.records import Stream, StreamConfig, StreamInfo, encode_record
-from engine import InvalidArgument, SegmentExists, SegstoreError, stream_data_segment, stream_meta_segment
+from engine import (
+    InvalidArgument,
+    SegmentExists,
+    SegstoreError,
+)
 
 if TYPE_CHECKING:
     from app.streams.store import StreamStore

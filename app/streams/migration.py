@@ -28,26 +28,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 
 from app.streams.format import unframe
-from app.streams.records import encode_record
-from engine import (
-    ATTRIBUTES_PER_REQUEST_MAX,
+from app.streams.names import (
     LEGACY_STREAM_DATA_PREFIX,
     LEGACY_STREAM_META_PREFIX,
     STREAM_DATA_PREFIX,
-    STREAMS_OWNER,
+    STREAMS,
+    stream_meta_segment,
+    stream_of_meta_segment,
+)
+from app.streams.records import encode_record
+from engine import (
+    ATTRIBUTES_PER_REQUEST_MAX,
     AttributeUpdate,
     AttributeUpdateType,
     SegmentExists,
     SegmentNotFound,
     SegmentStore,
-    migrated_marker,
-    stream_meta_segment,
-    stream_of_meta_segment,
 )
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def migrate(store: SegmentStore) -> int:
     """
     if store.node is not None:
         return 0
-    marker = migrated_marker(STREAMS_OWNER)
+    marker = STREAMS.migrated
     with contextlib.suppress(SegmentNotFound):
         store.info(marker)
         return 0
@@ -109,7 +109,8 @@ def data_segment_beside(store: SegmentStore, old_data: str) -> str:
     """
     escaped, _, incarnation = old_data.removeprefix(LEGACY_STREAM_DATA_PREFIX).rpartition("/")
     home = store.container_of(old_data)
-    for n in itertools.count():  # ends: about one name in container_count fits
+    n = 0
+    while True:  # ends: about one name in container_count fits
         if n:
             seed = f"{incarnation}/{n}".encode()
             incarnation_n = hashlib.blake2b(seed, digest_size=len(incarnation) // 2 or 1).hexdigest()
@@ -118,6 +119,7 @@ def data_segment_beside(store: SegmentStore, old_data: str) -> str:
         candidate = f"{STREAM_DATA_PREFIX}{escaped}/{incarnation_n}"
         if store.container_of(candidate) == home:
             return candidate
+        n += 1
 
 
 def _fork(store: SegmentStore, old: str, new: str) -> None:

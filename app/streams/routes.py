@@ -21,12 +21,13 @@ from werkzeug.routing import BaseConverter
 
 from app import auth, inputs
 from app.errors import problem, render_segstore_error
+from app.settings import HttpSettings
+from app.streams.append_shortcut import StreamAppendShortcut
 from app.streams.errors import StreamClosed
 from app.streams.format import is_json, validate_expires_at
 from app.streams.producers import MAX_PRODUCER_EPOCH, MAX_PRODUCER_SEQ, Producer
 from app.streams.protocol import CORS_HEADERS, PREFIX, fork_source, read_body, response_cursor
 from app.streams.records import StreamRead
-from app.streams.shortcut import PlainAppend
 from app.streams.sse import event_stream
 from app.streams.store import StreamStore
 from engine import InvalidArgument, SegmentStore, SegstoreError
@@ -68,14 +69,15 @@ bp.record_once(lambda state: state.app.url_map.converters.update(stream_path=Str
 def init_app(app: Flask, store: SegmentStore) -> None:
     """Build the stream layer over ``store``, start its reaper and register the routes.
 
-    Plain appends take the WSGI shortcut (``PlainAppend``) in front of Flask.
+    Plain appends take the WSGI shortcut (``StreamAppendShortcut``) in front of Flask.
     """
-    streams = StreamStore(store, reap_interval_s=store.settings.stream_reap_interval_s)
+    http: HttpSettings = app.extensions["segstore.http"]
+    streams = StreamStore(store, reap_interval_s=http.stream_reap_interval_s)
     streams.start()
     app.extensions["streams"] = streams
     app.register_blueprint(bp)
     auth.add_touches(app, PREFIX, _fork_touches)
-    app.wsgi_app = PlainAppend(app, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = StreamAppendShortcut(app, app.wsgi_app)  # type: ignore[method-assign]
 
 
 def streams() -> StreamStore:
@@ -132,8 +134,8 @@ def _etag(name: str, start: str, result: StreamRead) -> str:
 
 
 def _long_poll_s() -> float:
-    settings = current_app.extensions["segstore"].settings
-    return min(settings.stream_long_poll_s, settings.tail_wait_max_s)
+    http: HttpSettings = current_app.extensions["segstore.http"]
+    return min(http.stream_long_poll_s, current_app.extensions["segstore"].settings.tail_wait_max_s)
 
 
 # --------------------------------------------------------------- handlers
@@ -292,7 +294,7 @@ def _producer() -> Producer | None:
     given = [v is not None for v in (pid, epoch, seq)]
     if not any(given):
         return None
-    if not all(given):
+    if pid is None or epoch is None or seq is None:
         raise _bad("Producer-Id, Producer-Epoch and Producer-Seq go together")
     if pid == "":
         raise _bad("Producer-Id must not be empty")

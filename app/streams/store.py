@@ -38,19 +38,21 @@ from typing import Any
 from app.streams import appends, creation, migration
 from app.streams.errors import StreamGone, StreamNotFound
 from app.streams.format import FRAME, format_offset, parse_offset, unframe
+from app.streams.names import (
+    STREAM_DATA_PREFIX,
+    STREAM_META_PREFIX,
+    stream_meta_of_data_segment,
+    stream_meta_segment,
+    stream_of_meta_segment,
+)
 from app.streams.producers import SEQ_GENERATION_KEY, AppendOutcome, Producer
 from app.streams.reaper import Reaper
 from app.streams.records import Stream, StreamInfo, StreamRead, encode_record, replay
 from engine import (
-    STREAM_DATA_PREFIX,
-    STREAM_META_PREFIX,
     ContainerNotReady,
     ReadResult,
     SegmentNotFound,
     SegmentStore,
-    stream_meta_of_data_segment,
-    stream_meta_segment,
-    stream_of_meta_segment,
 )
 
 log = logging.getLogger(__name__)
@@ -336,10 +338,6 @@ class StreamStore:
         tail, closed = self.tail(stream)
         c = stream.config
         return StreamInfo(name, c.content_type, format_offset(tail), closed, c.ttl_s, c.expires_at)
-
-    def touch(self, name: str) -> None:
-        """Count an access (for the TTL window) without reading."""
-        self.live(name).last_access = time.monotonic()
 
     # ------------------------------------------------------------- changes
     def create(

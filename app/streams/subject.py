@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.streams.names import stream_meta_segment
 from app.streams.protocol import PREFIX
-from engine import stream_meta_segment
 
 
 def request_subject(environ: dict[str, Any]) -> str | None:

@@ -22,6 +22,7 @@ margin; Tier 1's fence keeps acknowledged data safe even if they do not.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,9 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from engine.cluster import balancer
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
 from engine.cluster.registers import Register, RegisterConflict, RegisterError, Registers
+from engine.metrics import ClusterMetrics
 from engine.naming import (
     CLUSTER_RECORD,
     lease_prefix,
@@ -105,6 +109,7 @@ class Coordinator:
         host: ContainerHost,
         lease_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -119,9 +124,13 @@ class Coordinator:
         self._held: dict[int, _Held] = {}
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
+        self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
+        self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
         self._lock = threading.RLock()
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
+        self.metrics = metrics if metrics is not None else ClusterMetrics(CollectorRegistry())
+        self.metrics.leases_held.set_function(lambda: len(self.held()))
 
     @property
     def renew_every_s(self) -> float:
@@ -138,6 +147,32 @@ class Coordinator:
 
     def view(self) -> ClusterView:
         return self._view
+
+    def unreachable(self, node: str) -> None:
+        """Note that ``node`` could not be reached just now (a request to it was refused)."""
+        self._unreachable[node] = self.clock()
+
+    def describe(self, container: int) -> str:
+        """Who serves ``container`` as far as this node knows, for the answer to a request it refuses.
+
+        An owner this node could not reach within the last lease is gone for
+        the container until its lease runs out (its last renewal, as this node
+        saw it, plus ``lease_s``): another node claims it then.
+        """
+        if self.holds(container):
+            return f"container {container}: node {self.node_id} took it over and is recovering it"
+        lease = self._leases.get(container)
+        if lease is None or lease[0].owner is None:
+            every = f"{self.renew_every_s:.1f} s"
+            return f"container {container}: no node holds it; the next round (every {every}) claims it"
+        owner, now = lease[0].owner, self.clock()
+        age = self._observer.age(lease_register_name(container), now) or 0.0
+        if age >= self.lease_s:
+            return f"container {container}: node {owner}'s lease ran out; the next round claims it"
+        if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
+            left = math.ceil(self.lease_s - age)
+            return f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
+        return f"container {container} is served by node {owner}"
 
     def _deadline(self, held: _Held) -> float:
         return held.renewed_at + self.lease_s * (1 - MARGIN_SHARE)
@@ -224,7 +259,7 @@ class Coordinator:
         now = self.clock()
         for container, held in sorted(self._held.items()):
             if now >= self._deadline(held):
-                self._lose(container, "its lease could not be renewed in time")
+                self._lose(container, "expired", "its lease could not be renewed in time")
 
     def _hand_back_failed(self) -> None:
         """Release the leases of containers that failed here, rather than keep them out of service.
@@ -239,8 +274,9 @@ class Coordinator:
                 log.warning("node %s hands failed container %d back", self.node_id, container)
                 self._release(container)
 
-    def _lose(self, container: int, why: str) -> None:
+    def _lose(self, container: int, reason: str, why: str) -> None:
         log.warning("node %s stops container %d: %s", self.node_id, container, why)
+        self.metrics.losses[reason].inc()
         del self._held[container]
         self.host.stop_container(container)
 
@@ -273,11 +309,13 @@ class Coordinator:
             try:
                 version = self.registers.replace(name, record.encode(), held.version)
             except RegisterConflict:
-                self._lose(container, "its lease was taken")
+                self._lose(container, "taken", "its lease was taken")
                 continue
             except RegisterError as exc:
                 log.warning("node %s could not renew container %d's lease: %s", self.node_id, container, exc)
+                self.metrics.renewal_errors.inc()
                 continue
+            self.metrics.renewals.inc()
             self._held[container] = _Held(record, version, started)
 
     def _observe(self) -> _Observed:
@@ -308,6 +346,7 @@ class Coordinator:
         return list(self._readers.map(self.registers.read, names))
 
     def _balance(self, seen: _Observed) -> None:
+        self._leases = seen.leases
         now = self.clock()
         live = {
             node
@@ -359,6 +398,9 @@ class Coordinator:
             return
         self._held[container] = _Held(record, version, started)
         self._free_since.pop(container, None)
+        self.metrics.takeovers[
+            "new" if current is None else "released" if current[0].owner is None else "expired"
+        ].inc()
         log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)
         self.host.start_container(container)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.cluster.coordinator import ClusterView, Coordinator
 from engine.cluster.registers import Registers, S3Registers
+from engine.metrics import ClusterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,13 @@ class ClusterNode:
         unhost: Callable[[int], None],
         failed: Callable[[int], bool] = lambda container: False,
         clock: Callable[[], float] | None = None,
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, **extra,
+            lease_s=lease_s, metrics=metrics, **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,6 +78,14 @@ class ClusterNode:
 
     def holds(self, container: int) -> bool:
         return self.coordinator.holds(container)
+
+    def unreachable(self, node: str) -> None:
+        """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""
+        self.coordinator.unreachable(node)
+
+    def describe(self, container: int) -> str:
+        """Who serves ``container``, or what a takeover of it waits for (``Coordinator.describe``)."""
+        return self.coordinator.describe(container)
 
     def start(self) -> None:
         """Join (ClusterMismatch if the cluster disagrees) and run rounds in the background."""

@@ -11,21 +11,61 @@ from __future__ import annotations
 import hmac
 import json
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.cluster.peers import bytes_to_json, error_to_json, info_to_json
-from engine.composite import results_to_json, steps_from_json
+from engine.container.composite import Step, StepResult, results_to_json, steps_from_json
 from engine.errors import InvalidArgument, InvalidName, SegstoreError, Throttled
+from engine.types import ReadResult, SegmentInfo
 
 if TYPE_CHECKING:
-    from engine.store import SegmentStore
+    from engine.cluster.node import ClusterNode  # boto3: imported only by a cluster node
+
+
+class ServedSegments(Protocol):
+    """Listings and heads of the containers this node serves (``engine.store.hosting.ContainerHosting``)."""
+
+    def list_served(
+        self, containers: Iterable[int], prefix: str, *, after: str | None, limit: int
+    ) -> list[SegmentInfo]: ...
+
+    def heads(
+        self, names: Iterable[str], max_length: int | None = None, *, here: bool = False
+    ) -> dict[str, bytes | None]: ...
+
+
+class LocalStore(ServedSegments, Protocol):
+    """What the peer calls ask of this node's store (``engine.store.segment_store.SegmentStore``)."""
+
+    @property
+    def node(self) -> ClusterNode | None: ...
+
+    def info(self, name: str, *, anywhere: bool = False) -> SegmentInfo: ...
+
+    def read(
+        self,
+        name: str,
+        offset: int | None = None,
+        max_length: int | None = None,
+        *,
+        wait_s: float = 0.0,
+        anywhere: bool = False,
+    ) -> ReadResult: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def composite(self, steps: Sequence[Step], *, anywhere: bool = False) -> list[StepResult]: ...
+
+    def writer_event_number(
+        self, name: str, writer_id: uuid.UUID, *, anywhere: bool = False
+    ) -> int | None: ...
 
 
 class PeerService:
     """Answers the calls of the other nodes of ``store``'s cluster."""
 
-    def __init__(self, store: SegmentStore) -> None:
+    def __init__(self, store: LocalStore) -> None:
         self.store = store
 
     @property
@@ -65,24 +105,24 @@ def _status(exc: SegstoreError) -> int:
     return 400 if isinstance(exc, (InvalidArgument, InvalidName)) else 409
 
 
-def _list(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _list(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     containers = [int(c) for c in doc["containers"]]
     page = store.list_served(containers, str(doc["prefix"]), after=doc.get("after"), limit=int(doc["limit"]))
     return {"page": [info_to_json(i) for i in page]}
 
 
-def _heads(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _heads(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     names = [str(n) for n in doc["names"]]
     max_length = doc.get("max_length")
     heads = store.heads(names, None if max_length is None else int(max_length), here=True)
     return {"heads": {n: None if d is None else bytes_to_json(d) for n, d in heads.items()}}
 
 
-def _info(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _info(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     return {"info": info_to_json(store.info(str(doc["name"])))}
 
 
-def _read(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _read(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     offset, max_length = doc.get("offset"), doc.get("max_length")
     result = store.read(
         str(doc["name"]),
@@ -92,20 +132,20 @@ def _read(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
     return {"data": bytes_to_json(result.data), "offset": result.offset, "info": info_to_json(result.info)}
 
 
-def _delete(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _delete(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     store.delete(str(doc["name"]))
     return {}
 
 
-def _composite(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _composite(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     return {"results": results_to_json(store.composite(steps_from_json(doc["steps"])))}
 
 
-def _writer_event_number(store: SegmentStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _writer_event_number(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
     return {"event_number": store.writer_event_number(str(doc["name"]), uuid.UUID(doc["writer_id"]))}
 
 
-_OPS: dict[str, Callable[[SegmentStore, dict[str, Any]], dict[str, Any]]] = {
+_OPS: dict[str, Callable[[LocalStore, dict[str, Any]], dict[str, Any]]] = {
     "list": _list,
     "heads": _heads,
     "info": _info,

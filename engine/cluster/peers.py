@@ -23,13 +23,14 @@ The calls (docs/cluster.md "Whole-cluster operations"):
 from __future__ import annotations
 
 import base64
+import builtins
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from engine import errors
-from engine.composite import Step, StepResult, results_from_json, steps_to_json
+from engine.container.composite import Step, StepResult, results_from_json, steps_to_json
 from engine.errors import ContainerNotReady, EventNumberMismatch, SegstoreError, Throttled
 from engine.types import ReadResult, SegmentInfo
 
@@ -149,7 +150,9 @@ class PeerClient:
         doc = {"containers": sorted(containers), "prefix": prefix, "after": after, "limit": limit}
         return [info_from_json(i) for i in self.call(node, url, "list", doc)["page"]]
 
-    def heads(self, node: str, url: str, names: list[str], max_length: int | None) -> dict[str, bytes | None]:
+    def heads(
+        self, node: str, url: str, names: builtins.list[str], max_length: int | None
+    ) -> dict[str, bytes | None]:
         """The first bytes of each segment (None: there is none), all served by ``node``."""
         answer = self.call(node, url, "heads", {"names": names, "max_length": max_length})["heads"]
         return {name: None if data is None else bytes_from_json(data) for name, data in answer.items()}

@@ -148,8 +148,13 @@ class Observer:
 
     def stale(self, name: str, now: float) -> bool:
         """Whether ``name``'s version has not changed for ``lease_s`` since this node first saw it."""
+        age = self.age(name, now)
+        return age is not None and age >= self.lease_s
+
+    def age(self, name: str, now: float) -> float | None:
+        """How long ``name`` has kept its version as this node saw it (None if never seen)."""
         known = self._seen.get(name)
-        return known is not None and now - known[1] >= self.lease_s
+        return None if known is None else now - known[1]
 
     def forget(self, keep: set[str]) -> None:
         """Drop what is known of records that no longer exist."""

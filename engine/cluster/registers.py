@@ -154,7 +154,7 @@ class S3Registers:
 
     def names(self, prefix: str) -> list[str]:
         def listed() -> list[str]:
-            found = []
+            found: list[str] = []
             paginator = self.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
                 found.extend(obj["Key"][len(self.prefix):] for obj in page.get("Contents", ()))

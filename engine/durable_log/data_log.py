@@ -24,11 +24,14 @@ waits while another thread does its I/O (the local files' sync rounds).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
+from engine.blocking import run_blocking
 from engine.durable_log.frames import Batch
+
+T = TypeVar("T")
 
 
 class LogFenced(OSError):
@@ -61,9 +64,14 @@ class PendingWrite:
 class DurableDataLog(Protocol):
     """Append-only, durable, truncatable log of writes."""
 
-    max_writes_in_flight: int
-    cooperative: bool
-    cooperative_write: bool
+    @property
+    def max_writes_in_flight(self) -> int: ...
+
+    @property
+    def cooperative(self) -> bool: ...
+
+    @property
+    def cooperative_write(self) -> bool: ...
 
     def recover(self) -> Iterator[Batch]:
         """Yield every whole write still in the log, oldest first; cut off a torn tail."""
@@ -114,3 +122,8 @@ def write_one(log: DurableDataLog, payload: bytes) -> tuple[int, int]:
         log.abandon(pending)
         raise
     return pending.first_frame_seq, pending.frame_count
+
+
+def log_call(log: DurableDataLog, fn: Callable[..., T], *args: Any) -> T:
+    """Call ``fn`` of the Tier 1 log in place when its I/O is cooperative, else through run_blocking."""
+    return fn(*args) if log.cooperative else run_blocking(fn, *args)

@@ -46,7 +46,7 @@ def frame_payload_sizes(payload_bytes: int, max_frame_bytes: int) -> list[int]:
 def encode_batch(payload: bytes, first_frame_seq: int, max_frame_bytes: int) -> tuple[bytes, int]:
     """Frame ``payload``; returns the bytes to write and the number of frames."""
     view = memoryview(payload)
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     sizes = frame_payload_sizes(len(payload), max_frame_bytes)
     pos = 0
     for i, size in enumerate(sizes):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from engine.operations import Append, Operation
+from engine.metadata.operations import Append, Operation
 
 
 class OperationLog:
@@ -52,7 +52,7 @@ class OperationLog:
             if not self._ops and not self._closed:
                 self._cond.wait(timeout_s)
             self._unread_bytes = 0
-            out = []
+            out: list[Operation] = []
             for op in self._ops:
                 if len(out) >= max_count:
                     break

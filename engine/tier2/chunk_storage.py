@@ -1,7 +1,7 @@
 """The ChunkStorage protocol (seed 002 "Tier-2 storage providers operate only at chunk level").
 
 A chunk is one named object (a file, an S3 object) holding a contiguous run
-of one segment's bytes. Chunked segment storage (``engine.tier2.chunked``)
+of one segment's bytes. Chunked segment storage (``engine.tier2.chunked_segment_storage``)
 builds segments out of chunks; a binding only stores chunks. Names come from
 ``engine.naming`` and are opaque here: a binding maps them to its own keys
 without interpreting them.
@@ -22,7 +22,7 @@ boto3) are cooperative under gevent and call directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,6 +72,10 @@ class ChunkHandle:
     read_only: bool
 
 
+# A chunk's bytes as they arrive, piece by piece; closing it early releases what it holds (an S3 body).
+Pieces = Generator[bytes, None, None]
+
+
 class ChunkStorage(Protocol):
     supports_append: bool
     supports_concat: bool
@@ -103,7 +107,7 @@ class ChunkStorage(Protocol):
         """Up to ``length`` bytes from ``offset``; fewer only at the chunk's end."""
         ...
 
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Pieces:
         """The bytes of ``read(handle, offset, length)`` as pieces of ``piece_bytes`` (the last shorter).
 
         For sequential readers: S3 answers it with one streamed GetObject
@@ -145,7 +149,7 @@ def pieces_of(
     offset: int,
     length: int,
     piece_bytes: int,
-) -> Iterator[bytes]:
+) -> Pieces:
     """``read_stream`` for bindings where a read costs little: one ``read`` per piece."""
     if piece_bytes <= 0:
         raise ValueError(f"piece_bytes must be positive, not {piece_bytes}")

@@ -34,6 +34,7 @@ from engine.tier2.chunk_storage import (
     ChunkStorage,
     ChunkStorageError,
     ChunkStorageFull,
+    Pieces,
 )
 
 T = TypeVar("T")
@@ -167,7 +168,7 @@ class FaultyChunkStorage:
     def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
         return self._call("read", lambda: self.inner.read(handle, offset, length))
 
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Pieces:
         """Faults of ``read`` apply when the stream is opened."""
         return self._call("read", lambda: self.inner.read_stream(handle, offset, length, piece_bytes))
 

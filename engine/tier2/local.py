@@ -22,6 +22,7 @@ a folder a create is about to use). Every method does its disk work in one
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -41,6 +42,7 @@ from engine.tier2.chunk_storage import (
     ChunkStorageError,
     ChunkStorageFull,
     ChunkStorageUnusable,
+    Pieces,
     pieces_of,
 )
 
@@ -152,7 +154,7 @@ class LocalChunkStorage:
         with _translated(handle.name):
             return run_blocking(_read, path, offset, length)
 
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Pieces:
         return pieces_of(self.read, handle, offset, length, piece_bytes)
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
@@ -210,7 +212,7 @@ class LocalChunkStorage:
             found = run_blocking(self._walk, start, prefix)
         return iter(found)
 
-    def _walk(self, start: Path, prefix: str) -> list[ChunkInfo]:
+    def _walk(self, start: Path, prefix: str) -> builtins.list[ChunkInfo]:
         found: list[ChunkInfo] = []
         folders = [start]
         while folders:

@@ -20,6 +20,7 @@ from engine.tier2.chunk_storage import (
     ChunkInfo,
     ChunkNotFound,
     ChunkNotSupported,
+    Pieces,
     pieces_of,
 )
 
@@ -84,7 +85,7 @@ class MemoryChunkStorage:
         with self._lock:
             return bytes(self._get(handle.name)[offset : offset + length])
 
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Pieces:
         return pieces_of(self.read, handle, offset, length, piece_bytes)
 
     def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:

@@ -46,6 +46,7 @@ from engine.tier2.chunk_storage import (
     ChunkNotSupported,
     ChunkStorageError,
     ChunkStorageUnusable,
+    Pieces,
     pieces_of,
 )
 
@@ -266,7 +267,7 @@ class S3ChunkStorage:
             raise ChunkStorageError(f"read of {handle.name!r} at {offset}: {len(data)} bytes, not {expected}")
         return data
 
-    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Iterator[bytes]:
+    def read_stream(self, handle: ChunkHandle, offset: int, length: int, piece_bytes: int) -> Pieces:
         """One ranged GetObject, its body read piece by piece as the caller consumes it."""
         _check_range(offset, length)
         if piece_bytes <= 0:

@@ -12,6 +12,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from app import create_app
+from app.settings import HttpSettings
 from engine import SegmentStore, Settings
 from tests.app.openapi_check import check_response
 
@@ -30,15 +31,19 @@ def settings(tmp_path: Path) -> Settings:
         max_append_bytes=MAX_APPEND_BYTES,
         max_read_bytes=MAX_READ_BYTES,
         tail_wait_max_s=TAIL_WAIT_MAX_S,
-        sse_keepalive_s=SSE_KEEPALIVE_S,
         flush_threshold_ms=50,
     )
 
 
 @pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
+def http() -> HttpSettings:
+    return HttpSettings(sse_keepalive_s=SSE_KEEPALIVE_S)
+
+
+@pytest.fixture
+def app(settings: Settings, http: HttpSettings) -> Iterator[Flask]:
     """The app with its store recovered; the store is closed after the test."""
-    flask_app = create_app(settings)
+    flask_app = create_app(settings, http)
     store: SegmentStore = flask_app.extensions["segstore"]
     try:
         store.wait_ready(30)

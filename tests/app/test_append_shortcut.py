@@ -1,5 +1,5 @@
-"""The native append shortcut (``app.native.appends.PlainAppend``): the same answers as Flask's view,
-errors rendered by Flask's handlers, metrics counted, and everything else left to Flask."""
+"""The native append shortcut (``app.native.append_shortcut.NativeAppendShortcut``): the same answers as
+Flask's view, errors rendered by Flask's handlers, metrics counted, and everything else left to Flask."""
 
 from __future__ import annotations
 

@@ -37,8 +37,10 @@ def test_any_content_type_is_stored_as_bytes(client: FlaskClient, segment: str) 
     assert client.get(segment).data == b'{"a": 1}a=1&b=2'
 
 
-def test_append_to_a_missing_segment_is_404(client: FlaskClient) -> None:
-    assert_problem(client.post("/v1/segments/no/such", data=b"x"), 404, "SegmentNotFound")
+@pytest.mark.parametrize("query", ["", "?x=1"])  # the append shortcut, and the view
+def test_append_to_a_missing_segment_says_to_create_it_first(client: FlaskClient, query: str) -> None:
+    problem = assert_problem(client.post("/v1/segments/no/such" + query, data=b"x"), 404, "SegmentNotFound")
+    assert problem["detail"].endswith("create it first: PUT /v1/segments/no/such")
 
 
 def test_expected_offset_appends_only_at_that_length(client: FlaskClient, segment: str) -> None:

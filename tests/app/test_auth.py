@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.auth import Access, Grant, Principal, load_auth
+from app.settings import HttpSettings
 from engine import InvalidArgument, SegmentStore, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +41,8 @@ grants = [{{prefix = "r/", access = "read"}}]
 
 
 def _app(tmp_path: Path, **changes: Any) -> Iterator[Flask]:
-    settings = Settings(data_dir=str(tmp_path / "data"), container_count=2, flush_threshold_ms=50, **changes)
-    app = create_app(settings)
+    settings = Settings(data_dir=str(tmp_path / "data"), container_count=2, flush_threshold_ms=50)
+    app = create_app(settings, HttpSettings(**changes))
     store: SegmentStore = app.extensions["segstore"]
     try:
         store.wait_ready(30)
@@ -74,9 +75,9 @@ READS = [
     ("HEAD", "/v1/segments/r/seg"),
     ("GET", "/v1/segments/r/seg?offset=4&wait=0.1"),
     ("GET", "/v1/segments/r/seg:info"),
-    ("GET", f"/v1/segments/r/seg:writers/{uuid.uuid4()}"),
+    ("GET", f"/v1/segments/r/seg:writers/{uuid.UUID(int=1)}"),
     ("GET", "/v1/segments/r/seg:partitions"),
-    ("GET", f"/v1/segments/r/seg:attributes?keys={uuid.uuid4()}"),
+    ("GET", f"/v1/segments/r/seg:attributes?keys={uuid.UUID(int=2)}"),
 ]
 WRITES = [
     ("POST", "/v1/segments/r/seg"),
@@ -85,9 +86,9 @@ WRITES = [
     ("POST", "/v1/segments/r/seg:seal"),
     ("POST", "/v1/segments/r/seg:truncate"),
     ("POST", "/v1/segments/r/seg:transactions"),
-    ("POST", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}"),
-    ("DELETE", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}"),
-    ("POST", f"/v1/segments/r/seg:transactions/{uuid.uuid4()}/commit"),
+    ("POST", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=3)}"),
+    ("DELETE", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=4)}"),
+    ("POST", f"/v1/segments/r/seg:transactions/{uuid.UUID(int=5)}/commit"),
     ("POST", "/v1/segments/r/seg:attributes"),
     ("POST", "/v1/segments/r/seg:merge"),
 ]
@@ -186,21 +187,21 @@ def test_grants_and_config_parsing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[token]]\ntoken = "short"\n')
     with pytest.raises(InvalidArgument):
-        load_auth(Settings(auth_file=str(bad)))
+        load_auth(HttpSettings(auth_file=str(bad)))
     bad.write_text(f'[[token]]\ntoken = "{ADMIN}"\ngrants = [{{prefix = "", access = "root"}}]\n')
     with pytest.raises(InvalidArgument):
-        load_auth(Settings(auth_file=str(bad)))
-    keys = load_auth(Settings(s3_keys="AK1:secret1, AK2:secret2"))
+        load_auth(HttpSettings(auth_file=str(bad)))
+    keys = load_auth(HttpSettings(s3_keys="AK1:secret1, AK2:secret2"))
     assert keys.s3_secrets == {"AK1": "secret1", "AK2": "secret2"}
     assert keys.s3_principals["AK1"].allows(Access.ADMIN, "any/name")  # no auth file: keys are admins
     with pytest.raises(InvalidArgument):
-        load_auth(Settings(s3_keys="AK1"))
+        load_auth(HttpSettings(s3_keys="AK1"))
     assert "secret1" not in repr(keys)
     with pytest.raises(InvalidArgument):
-        load_auth(Settings(auth_file=str(tmp_path / "missing.toml")))
+        load_auth(HttpSettings(auth_file=str(tmp_path / "missing.toml")))
     bad.write_text("[[token]\n")
     with pytest.raises(InvalidArgument):
-        load_auth(Settings(auth_file=str(bad)))
+        load_auth(HttpSettings(auth_file=str(bad)))
 
 
 def test_s3_is_anonymous_only_on_loopback_without_keys(tmp_path: Path) -> None:
@@ -242,7 +243,7 @@ def test_an_open_bind_with_auth_off_is_refused(
     monkeypatch.delenv("SEGSTORE_BIND", raising=False)
     monkeypatch.delenv("SEGSTORE_CONFIG", raising=False)
     conf = _gunicorn_conf()
-    reason = conf.unauthenticated_bind_refusal(Settings(**changes))
+    reason = conf.unauthenticated_bind_refusal(HttpSettings(**changes))
     assert (reason is not None) == refused
     if refused:
         assert "SEGSTORE_ALLOW_UNAUTHENTICATED=1" in reason

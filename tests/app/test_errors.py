@@ -125,3 +125,28 @@ def test_an_unexpected_error_is_a_500_problem_without_internals(
     assert "secret" not in response.get_data(as_text=True)
     assert "Traceback" not in body["detail"]
     assert "secret internal state" in caplog.text
+    request_id = body["detail"].rsplit(" ", 1)[-1]
+    assert f"GET /v1/segments/{{name}}:info request {request_id}" in caplog.text
+
+
+def test_a_logged_engine_error_names_its_request(
+    raw_client: FlaskClient,
+    store: SegmentStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def fail(*_args: object, **_kwargs: object) -> None:
+        raise DataCorrupted("bad frame")
+
+    monkeypatch.setattr(store, "seal", fail)
+    with caplog.at_level(logging.ERROR):
+        assert_problem(raw_client.post("/v1/segments/s/t/0:seal"), 500, "DataCorrupted")
+    [line] = [r.getMessage() for r in caplog.records if "bad frame" in r.getMessage()]
+    assert line.startswith("POST /v1/segments/")
+    assert " request " in line and line.endswith("DataCorrupted: bad frame")
+
+
+def test_names_in_problem_details_are_utf8_not_escapes(raw_client: FlaskClient) -> None:
+    response = raw_client.get("/v1/segments/sensors/🌡/0:info")
+    assert_problem(response, 404, "SegmentNotFound")
+    assert "🌡" in response.get_data(as_text=True)

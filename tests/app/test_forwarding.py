@@ -22,9 +22,10 @@ from app.native.subject import request_subject as native_subject
 from app.ops import ROUTE_KEY
 from app.s3 import objects
 from app.s3.subject import request_subject as s3_subject
+from app.streams.names import stream_data_segment, stream_meta_segment
 from app.streams.subject import request_subject as streams_subject
 from bench.servers import free_port
-from engine import Settings, stream_data_segment, stream_meta_segment
+from engine import Settings
 from engine.naming import container_for
 
 SUBJECTS = [native_subject, streams_subject, s3_subject]
@@ -115,9 +116,14 @@ class FakeStore:
 
     def __init__(self, *, wait_s: float, ready_at: float | None, node: object | None = True) -> None:
         self.node = node
-        self.settings = Settings(container_count=4, takeover_wait_s=wait_s)
+        self.settings = Settings(container_count=4)
+        self.wait_s = wait_s
         self.ready_at = ready_at
         self.owner: tuple[str, str] | None = None
+        self.unreachable: list[str] = []
+
+    def owner_unreachable(self, node: str) -> None:
+        self.unreachable.append(node)
 
     def container_ready(self, container: int) -> bool:
         return self.ready_at is not None and time.monotonic() >= self.ready_at
@@ -136,7 +142,7 @@ def run(store: FakeStore, env: dict[str, Any]) -> tuple[list[str], float]:
         return [b""]
 
     started = time.monotonic()
-    Forwarding(app, store, SUBJECTS)(env, lambda status, headers: None)  # type: ignore[arg-type]
+    Forwarding(app, store, SUBJECTS, takeover_wait_s=store.wait_s)(env, lambda status, headers: None)  # type: ignore[arg-type]
     return answered, time.monotonic() - started
 
 
@@ -146,7 +152,9 @@ def test_a_single_node_answers_at_once_without_reading_the_path() -> None:
 
     answered: list[str] = []
     store = FakeStore(wait_s=5, ready_at=None, node=None)
-    middleware = Forwarding(lambda e, s: answered.append(e["PATH_INFO"]) or [], store, [no_subject])  # type: ignore[arg-type]
+    middleware = Forwarding(  # type: ignore[arg-type]
+        lambda e, s: answered.append(e["PATH_INFO"]) or [], store, [no_subject], takeover_wait_s=store.wait_s
+    )
     middleware(environ("/v1/segments/x"), lambda status, headers: None)
     assert answered == ["/v1/segments/x"]
 
@@ -168,6 +176,7 @@ def test_an_owner_that_refuses_connections_is_waited_out_until_the_container_is_
     store.owner = ("a", f"http://127.0.0.1:{free_port()}")  # nothing listens: a killed node
     answered, took = run(store, environ("/v1/segments/x", "POST"))
     assert answered == ["/v1/segments/x"] and 0.5 <= took < 4
+    assert set(store.unreachable) == {"a"}  # so a 503 meanwhile says its lease is waited out
 
 
 def test_a_forwarded_request_for_a_container_served_elsewhere_is_answered_at_once() -> None:
@@ -204,6 +213,7 @@ def test_an_owner_that_fails_during_the_request_gives_an_unknown_outcome_not_a_5
         lambda e, s: answered.append(e["PATH_INFO"]) or [],  # type: ignore[arg-type]
         store,  # type: ignore[arg-type]
         SUBJECTS,
+        takeover_wait_s=store.wait_s,
     )(request := environ("/v1/segments/x", "POST"), lambda status, headers: statuses.append(status))
     listener.close()
     assert answered == []  # not answered here as if nothing had been sent
@@ -233,7 +243,7 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
     threading.Thread(target=accept_then_pause, daemon=True).start()
     store = FakeStore(wait_s=5, ready_at=None)
     store.settings = Settings(
-        container_count=4, takeover_wait_s=5, tail_wait_max_s=0.3, lease_s=1
+        container_count=4, tail_wait_max_s=0.3, lease_s=1
     )
     store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
     answered: list[str] = []
@@ -243,6 +253,7 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
         lambda e, s: answered.append(e["PATH_INFO"]) or [],  # type: ignore[arg-type]
         store,  # type: ignore[arg-type]
         SUBJECTS,
+        takeover_wait_s=store.wait_s,
     )(environ("/v1/segments/x", method), lambda status, headers: statuses.append(status))
     took = time.monotonic() - started
     for conn in taken:

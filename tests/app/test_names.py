@@ -114,11 +114,20 @@ def test_a_colon_starts_a_custom_method(raw_client: FlaskClient) -> None:
     """Names never hold ':'; an encoded one still splits name and method."""
     raw_client.put("/v1/segments/a")
     assert raw_client.get("/v1/segments/a%3Ainfo").status_code == 200
-    assert_problem(raw_client.put("/v1/segments/a%3Ab"), 404, "NotFound")
+    problem = assert_problem(raw_client.put("/v1/segments/a%3Ab"), 400, "InvalidName")
+    assert "a segment name cannot hold ':'" in problem["detail"]
 
 
-@pytest.mark.parametrize("suffix", [":nope", ":info/extra", ":seal/x", ":", ":Info"])
-def test_unknown_custom_methods_are_404(raw_client: FlaskClient, segment: str, suffix: str) -> None:
+@pytest.mark.parametrize("suffix", [":nope", ":", ":Info", ":temp/0"])
+def test_a_colon_before_no_custom_method_is_an_invalid_name(
+    raw_client: FlaskClient, segment: str, suffix: str
+) -> None:
+    problem = assert_problem(raw_client.put(segment + suffix), 400, "InvalidName")
+    assert ":info" in problem["detail"]  # the custom methods there are
+
+
+@pytest.mark.parametrize("suffix", [":info/extra", ":seal/x"])
+def test_a_custom_method_in_another_form_is_404(raw_client: FlaskClient, segment: str, suffix: str) -> None:
     assert_problem(raw_client.get(segment + suffix), 404, "NotFound")
 
 

@@ -11,14 +11,15 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from engine import ContainerNotReady, SegmentStore, Settings, container_state
-from engine.container import SegmentContainer
+from engine import ContainerNotReady, SegmentStore, Settings
+from engine.container import state as container_state
+from engine.container.segment_container import SegmentContainer
+from engine.store.tiers import Tiers
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.local import LocalChunkStorage
-from engine.tiers import Tiers
 from tests.app.helpers import assert_problem
 from tests.app.openapi_check import check_response
-from tests.engine.conftest import wait_until
+from tests.polling import wait_until
 
 
 def test_healthz_lists_each_running_container(client: FlaskClient) -> None:

@@ -1,5 +1,5 @@
-"""The native read shortcut (``app.native.reads.PlainRead``): the same answers as Flask's view,
-long-polls woken by appends, errors rendered by Flask's handlers, everything else left to Flask."""
+"""The native read shortcut (``app.native.read_shortcut.NativeReadShortcut``): the same answers as Flask's
+view, long-polls woken by appends, errors rendered by Flask's handlers, everything else left to Flask."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from engine import SegmentStore
 
 ATTRIBUTE = str(uuid.UUID(int=1))
-TXID = str(uuid.uuid4())
+TXID = str(uuid.UUID(int=2))
 
 
 State = dict[str, tuple[int, int, bool]]

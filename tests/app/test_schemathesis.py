@@ -31,6 +31,7 @@ RUN_TIMEOUT_S = 540
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.process
 def test_schemathesis_finds_nothing(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", env={"SEGSTORE_STREAM_LONG_POLL_S": "1"}) as server:
         command = [

@@ -13,6 +13,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
+from app.settings import HttpSettings
 from client.events import frame
 from client.routing import header_value, key_hash
 from engine import SegmentStore, Settings
@@ -188,8 +189,8 @@ grants = [{prefix = "", access = "admin"}]
 def authed(tmp_path: Path) -> Iterator[FlaskClient]:
     auth_file = tmp_path / "auth.toml"
     auth_file.write_text(AUTH_FILE)
-    settings = Settings(data_dir=str(tmp_path / "data"), container_count=2, auth_file=str(auth_file))
-    app: Flask = create_app(settings)
+    settings = Settings(data_dir=str(tmp_path / "data"), container_count=2)
+    app: Flask = create_app(settings, HttpSettings(auth_file=str(auth_file)))
     try:
         app.extensions["segstore"].wait_ready(30)
         yield app.test_client()

@@ -14,6 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
+from app.settings import HttpSettings
 from engine import SegmentStore, Settings
 from tests.app.test_append_shortcut import chunked_post, flask_requests
 from tests.app.test_auth import ADMIN, READER, WRITER
@@ -114,13 +115,8 @@ def authed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flask, Fl
     """One app with the auth file, its segments and streams created by the admin."""
     folder: Path = tmp_path_factory.mktemp("shortcut-auth")
     (folder / "auth.toml").write_text(AUTH_FILE)
-    settings = Settings(
-        data_dir=str(folder / "data"),
-        container_count=2,
-        flush_threshold_ms=50,
-        auth_file=str(folder / "auth.toml"),
-    )
-    app = create_app(settings)
+    settings = Settings(data_dir=str(folder / "data"), container_count=2, flush_threshold_ms=50)
+    app = create_app(settings, HttpSettings(auth_file=str(folder / "auth.toml")))
     store: SegmentStore = app.extensions["segstore"]
     try:
         store.wait_ready(30)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 import pytest
 from flask.testing import FlaskClient
 
+from app.settings import HttpSettings
 from engine import SegmentStore, Settings
 from tests.app.helpers import assert_problem
 
@@ -121,7 +122,11 @@ class TestAKeepaliveLongerThanTheLongestTailWait:
 
     @pytest.fixture
     def settings(self, settings: Settings) -> Settings:
-        return dataclasses.replace(settings, tail_wait_max_s=0.3, sse_keepalive_s=15)
+        return dataclasses.replace(settings, tail_wait_max_s=0.3)
+
+    @pytest.fixture
+    def http(self, http: HttpSettings) -> HttpSettings:
+        return http.replace(sse_keepalive_s=15)
 
     def test_the_stream_keeps_following(self, client: FlaskClient, store: SegmentStore, segment: str) -> None:
         events = stream_while(client, segment, 1.0, appended_then_sealed(store, b"late"))

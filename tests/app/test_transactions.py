@@ -377,7 +377,6 @@ def test_wrong_methods_are_405_with_allow(
         f":transactions/{WRITER}/commit/x",
         f":transactions/{WRITER}/commit/",
         ":merge/x",
-        ":Transactions",
     ],
 )
 def test_unknown_transaction_sub_paths_are_404(raw_client: FlaskClient, segment: str, suffix: str) -> None:

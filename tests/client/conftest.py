@@ -1,4 +1,4 @@
-"""Fixtures for the client tests: one real server process per test module."""
+"""Fixtures for the client tests: one real server for all of them (each test names its own segments)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from client.segment_client import SegmentClient
 MAX_APPEND_BYTES = 64 * 1024
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir = tmp_path_factory.mktemp("client-server") / "data"
     env = {"SEGSTORE_MAX_APPEND_BYTES": str(MAX_APPEND_BYTES)}

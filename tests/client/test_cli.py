@@ -15,7 +15,8 @@ import pytest
 from bench.servers import ServerProcess
 from client.cli import _put, main
 from client.errors import SegmentNotFound
-from client.segment_client import AppendResult, SegmentClient
+from client.results import AppendResult
+from client.segment_client import SegmentClient
 from tests.client.conftest import MAX_APPEND_BYTES
 
 
@@ -127,6 +128,56 @@ def test_an_unreachable_server_is_one_line_and_exit_1(capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
+def test_health_and_cluster_of_a_single_node(
+    server: ServerProcess, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    assert main(["--endpoint", server.url, "health"]) == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines[-1] == "ok" and "container 0\trunning" in lines
+    assert main(["--endpoint", server.url, "cluster"]) == 0
+    assert capsysbinary.readouterr().out.decode() == "a single node with 4 containers\n"
+
+
+def test_attributes_and_writers(
+    server: ServerProcess, client: SegmentClient, name: str, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    writer, unset = uuid.uuid4(), uuid.uuid4()
+    client.create(name)
+    client.append(name, b"x", writer_id=writer, event_number=7)
+    endpoint = ["--endpoint", server.url]
+    assert main([*endpoint, "writer", name, str(writer)]) == 0
+    assert json.loads(capsysbinary.readouterr().out) == 7
+    assert main([*endpoint, "attributes", name, str(writer), str(unset)]) == 0
+    assert json.loads(capsysbinary.readouterr().out) == {str(writer): 7, str(unset): None}
+
+
+def test_transactions_open_append_info_commit_and_abort(
+    server: ServerProcess,
+    client: SegmentClient,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    client.create(name)
+    endpoint = ["--endpoint", server.url]
+    assert main([*endpoint, "tx", "open", name]) == 0
+    txid = capsysbinary.readouterr().out.decode().strip()
+    _stdin(monkeypatch, b"all at once")
+    assert main([*endpoint, "tx", "append", name, txid]) == 0
+    assert json.loads(capsysbinary.readouterr().out) == {"offset": 0, "length": 11}
+    assert main([*endpoint, "tx", "info", name, txid]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["parent"] == name
+    assert client.info(name).length == 0  # not readable through the parent before the commit
+    assert main([*endpoint, "tx", "commit", name, txid]) == 0
+    assert json.loads(capsysbinary.readouterr().out) == {"offset": 0, "length": 11}
+    assert client.read(name).data == b"all at once"
+    assert main([*endpoint, "tx", "open", name]) == 0
+    dropped = capsysbinary.readouterr().out.decode().strip()
+    assert main([*endpoint, "tx", "abort", name, dropped]) == 0
+    assert main([*endpoint, "tx", "info", name, dropped]) == 1
+    assert b"SegmentNotFound" in capsysbinary.readouterr().err
+
+
 def test_scope_and_stream_verbs(
     server: ServerProcess,
     client: SegmentClient,
@@ -162,4 +213,5 @@ def test_scope_and_stream_verbs(
     run("stream", "rm", stream)
     assert main(["--endpoint", server.url, "stream", "info", stream]) == 1
     assert b"SegmentNotFound" in capsysbinary.readouterr().err
-    assert main(["--endpoint", server.url, "stream", "info", "no-slash"]) == 2
+    with pytest.raises(SystemExit):  # argparse: a usage error
+        main(["--endpoint", server.url, "stream", "info", "no-slash"])

@@ -8,7 +8,8 @@ import uuid
 import pytest
 
 from client import errors
-from client.segment_client import AttributeUpdate, SegmentClient
+from client.results import AttributeUpdate
+from client.segment_client import SegmentClient
 
 
 def test_partitions_cover_the_segment_on_append_boundaries(client: SegmentClient, name: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine import SegmentExists, SegmentStore, Settings
-from engine import operations as ops
-from engine.container import SegmentContainer
+from engine.container.segment_container import SegmentContainer
 from engine.durable_log import frames
 from engine.durable_log.data_log import PendingWrite
-from engine.durable_log.memory_data_log import MemoryDataLog
+from engine.metadata import operations as ops
 from engine.metrics import EngineMetrics
-from engine.tier2.chunked import ChunkedSegmentStorage, ChunkRef
+from engine.tier1.memory_log import MemoryDataLog
+from engine.tier2.chunked_segment_storage import ChunkedSegmentStorage, ChunkRef
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
+from tests.polling import wait_until
 
 # Small limits: frames of 4 KiB, tiny log files, a writer that flushes within 20 ms.
 SMALL: dict[str, Any] = {
@@ -37,14 +37,6 @@ SMALL: dict[str, Any] = {
 def small_settings(data_dir: Path | str = "unused", **overrides: Any) -> Settings:
     return Settings(data_dir=str(data_dir), **{**SMALL, **overrides})
 
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0, what: str = "") -> None:
-    """Poll ``predicate`` until it is true; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or predicate}")
-        time.sleep(0.002)
 
 
 def logged_operations(data_log: MemoryDataLog) -> list[ops.Operation]:
@@ -203,7 +195,7 @@ class HeldProcessor:
         assert self.entered.wait(5)
 
     def wait_queued(self, count: int) -> None:
-        queue = self.node.container.durable_log._queue
+        queue = self.node.container.durable_log.processor._queue
         wait_until(lambda: len(queue) == count, what=f"{count} queued operations")
 
     def release(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from engine.blocking import run_blocking
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +58,7 @@ PATCHED = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_runs_on_another_os_thread_under_gevent() -> None:
     done = subprocess.run(
         [sys.executable, "-c", PATCHED], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
@@ -90,6 +93,7 @@ RAISES = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_an_exception_reaches_the_caller_and_is_not_printed_by_the_pool() -> None:
     done = subprocess.run(
         [sys.executable, "-c", RAISES], cwd=REPO, capture_output=True, text=True, timeout=60, check=True

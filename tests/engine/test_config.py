@@ -1,4 +1,7 @@
-"""Settings: defaults, then the TOML file in SEGSTORE_CONFIG, then SEGSTORE_* variables."""
+"""The engine's settings: defaults, then the TOML file in SEGSTORE_CONFIG, then SEGSTORE_* variables.
+
+The server's own settings, read from the same file and variables, are tested in tests/app/test_settings.py.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +21,8 @@ def toml(tmp_path: Path, text: str) -> dict[str, str]:
 def test_defaults_need_nothing() -> None:
     settings = load_settings({})
     assert settings == Settings()
-    assert settings.data_dir == "./data" and settings.bind == "127.0.0.1:8080"
-    assert settings.tier2_path == Path("data/tier2")
+    assert settings.data_dir == "./data" and settings.tier2_path == Path("data/tier2")
     assert settings.container_count == 4 and settings.flush_threshold_ms == 1000
-    # The Durable Streams clients and conformance suite wait 20 s for a long-poll.
-    assert settings.stream_long_poll_s == 20
 
 
 def test_toml_file(tmp_path: Path) -> None:
@@ -39,11 +39,10 @@ def test_toml_file(tmp_path: Path) -> None:
 
 
 def test_environment_overrides_toml_and_overrides_win(tmp_path: Path) -> None:
-    env = toml(tmp_path, "container_count = 8\nflush_threshold_ms = 5\nlog_level = 'debug'\n")
-    env |= {"SEGSTORE_CONTAINER_COUNT": "2", "SEGSTORE_TAIL_WAIT_MAX_S": "0.5", "SEGSTORE_BIND": "0.0.0.0:9"}
+    env = toml(tmp_path, "container_count = 8\nflush_threshold_ms = 5\n")
+    env |= {"SEGSTORE_CONTAINER_COUNT": "2", "SEGSTORE_TAIL_WAIT_MAX_S": "0.5"}
     settings = load_settings(env)
-    assert (settings.container_count, settings.flush_threshold_ms, settings.log_level) == (2, 5, "debug")
-    assert settings.tail_wait_max_s == 0.5 and settings.bind == "0.0.0.0:9"
+    assert (settings.container_count, settings.flush_threshold_ms, settings.tail_wait_max_s) == (2, 5, 0.5)
     assert load_settings(env, container_count=3).container_count == 3
 
 
@@ -156,17 +155,11 @@ def test_tier1_and_tier2_on_s3_under_prefixes_of_their_own() -> None:
     assert Settings(tier1="s3://one", tier2="s3://two").tier1_s3 == ("one", "")
 
 
-def test_port_gives_the_bind_when_nothing_names_one(tmp_path: Path) -> None:
-    """Platforms that run a Procfile say where to listen in PORT, as gunicorn's own default reads it."""
-    assert load_settings({"PORT": "5123"}).bind == "0.0.0.0:5123"
-    assert load_settings({"PORT": "5123", "SEGSTORE_BIND": "127.0.0.1:9000"}).bind == "127.0.0.1:9000"
-    assert load_settings({"PORT": "5123", **toml(tmp_path, 'bind = "[::1]:7000"\n')}).bind == "[::1]:7000"
-
-
-@pytest.mark.parametrize("port", ["", "http", "0", "65536", "-1", " 80"])
-def test_a_port_that_is_not_a_port_number_is_refused(port: str) -> None:
-    with pytest.raises(InvalidArgument, match="PORT"):
-        load_settings({"PORT": port})
+def test_a_cluster_node_says_where_it_is_reached() -> None:
+    with pytest.raises(InvalidArgument, match="advertise_url"):
+        Settings(node_id="a", tier1="s3://b/t1", tier2="s3://b/t2")
+    node = Settings(node_id="a", tier1="s3://b/t1", tier2="s3://b/t2", advertise_url="http://a:8080/")
+    assert node.node_url == "http://a:8080"
 
 
 @pytest.mark.parametrize("count", [0, 9])
@@ -186,10 +179,7 @@ def test_tier1_writes_in_flight_lies_within_what_a_fence_covers(count: int) -> N
         "cache_block_bytes",
         "storage_read_block_bytes",
         "tail_wait_max_s",  # live streams spinning on keep-alives
-        "sse_keepalive_s",
         "transaction_timeout_s",
-        "stream_long_poll_s",
-        "stream_reap_interval_s",  # the reaper spinning
     ],
 )
 def test_settings_with_no_meaning_at_zero_refuse_it(name: str) -> None:
@@ -197,7 +187,18 @@ def test_settings_with_no_meaning_at_zero_refuse_it(name: str) -> None:
         Settings(**{name: 0})
 
 
-def test_a_live_stream_sends_keepalives_within_the_longest_tail_wait() -> None:
-    """A wait longer than tail_wait_max_s is one the store refuses: the stream would end at once."""
-    assert Settings(tail_wait_max_s=5, sse_keepalive_s=15).sse_wait_s == 5
-    assert Settings().sse_wait_s == 15
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("8 MiB", 8 << 20), ("64MiB", 64 << 20), ("1 GiB", 1 << 30), ("512 KiB", 512 << 10), ("4096", 4096)],
+)
+def test_sizes_are_accepted_as_the_settings_table_writes_them(
+    tmp_path: Path, raw: str, expected: int
+) -> None:
+    assert load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw}).cache_max_bytes == expected
+    assert load_settings(toml(tmp_path, f'cache_max_bytes = "{raw}"\n')).cache_max_bytes == expected
+
+
+@pytest.mark.parametrize("raw", ["8 MB", "8M", "lots", "1.5 GiB", "-1 MiB"])
+def test_a_size_in_another_form_is_refused_with_the_expected_form(raw: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"cache_max_bytes is a size: .*e\.g\. 8 MiB"):
+        load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw})

@@ -20,9 +20,6 @@ from engine.naming import (
     parse_lease_register_name,
     parse_log_file_name,
     parse_node_register_name,
-    s3_state_name,
-    stream_data_segment,
-    stream_meta_segment,
     subject_of,
     transaction_name,
 )
@@ -85,12 +82,12 @@ def test_container_for_is_stable(name: str, expected: list[int]) -> None:
     [
         ("b/k", "b/k"),
         ("p#transaction.00000000-0000-0000-0000-000000000000", "p"),
-        (s3_state_name("etags", "b/dir/k"), "b/dir/k"),
-        (s3_state_name("buckets", "b"), "b"),
-        (s3_state_name("uploads", "0a1b"), "0a1b"),
-        (s3_state_name("parts", "0a1b") + "#transaction.1", "0a1b"),
-        (stream_meta_segment("x/y z"), "x~2Fy~20z"),
-        (stream_data_segment("x/y z", "0" * 16), "x~2Fy~20z/" + "0" * 16),
+        ("#s3/etags/b/dir/k", "b/dir/k"),
+        ("#s3/buckets/b", "b"),
+        ("#s3/uploads/0a1b", "0a1b"),
+        ("#s3/parts/0a1b#transaction.1", "0a1b"),
+        ("#stream/meta/x~2Fy~20z", "x~2Fy~20z"),
+        ("#stream/data/x~2Fy~20z/" + "0" * 16, "x~2Fy~20z/" + "0" * 16),
         ("#s3/migrated", "#s3/migrated"),
     ],
 )
@@ -99,14 +96,14 @@ def test_subject_of(name: str, subject: str) -> None:
 
 
 def test_what_one_surface_request_touches_shares_a_container() -> None:
-    """An object and its record, an upload's segments: one container (a stream's: test_streams_store)."""
+    """A segment and a record about it, an upload's segments: one container."""
     for count in (4, 7, 16):
         for i in range(50):
             obj = f"bucket/key-{i}"
-            assert container_for(s3_state_name("etags", obj), count) == container_for(obj, count)
+            assert container_for(f"#s3/etags/{obj}", count) == container_for(obj, count)
             upload = uuid.uuid4().hex
-            assert container_for(s3_state_name("uploads", upload), count) == container_for(
-                transaction_name(s3_state_name("parts", upload), uuid.uuid4()), count
+            assert container_for(f"#s3/uploads/{upload}", count) == container_for(
+                transaction_name(f"#s3/parts/{upload}", uuid.uuid4()), count
             )
 
 

@@ -127,4 +127,4 @@ def test_valid_bucket_names_are_created(s3: Any) -> None:
     tag = uuid.uuid4().hex[:6]
     for name in (f"a.b-{tag}", f"{tag}1" + "x" * 56, f"9{tag}"):
         s3.create_bucket(Bucket=name)
-        s3.head_bucket(Bucket=name)
+        assert s3.head_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 200

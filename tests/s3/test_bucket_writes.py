@@ -99,6 +99,7 @@ def test_other_operations_on_a_name_no_bucket_can_have_answer_no_such_bucket(s3:
     assert _absent(s3, name)
 
 
+@pytest.mark.process
 def test_a_bucket_named_before_the_rules_stays_reachable(tmp_path: Path) -> None:
     """A data folder holding ``192.168.5.4`` and ``a.-b`` (creatable before S3's full rules)."""
     data = tmp_path / "data"

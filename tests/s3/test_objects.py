@@ -305,6 +305,7 @@ def test_concurrent_replacements_never_show_mixed_or_partial_bytes(
     assert set(seen) <= {"whole", "empty", "NoSuchKey"}
 
 
+@pytest.mark.process
 def test_a_large_put_writes_each_byte_to_tier2_once_and_logs_nothing(tmp_path: Path) -> None:
     """A PutObject's staging segment merges into the object while the storage writer still flushes
     it: that flush's bytes are cut back from the chunk it extended, and the object's own flush

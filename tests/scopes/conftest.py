@@ -9,6 +9,7 @@ import pytest
 
 from app.scopes import events, records
 from app.scopes.controller import Controller
+from app.settings import HttpSettings
 from client.routing import key_hash
 from engine import SegmentStore, Settings
 
@@ -25,7 +26,7 @@ def store(tmp_path: Path) -> Iterator[SegmentStore]:
 
 @pytest.fixture
 def ctl(store: SegmentStore) -> Controller:
-    controller = Controller(store)
+    controller = Controller(store, HttpSettings())
     controller.create_scope("sc")
     return controller
 

@@ -14,7 +14,7 @@ from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from client.stream_writer import StreamWriter
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 WINDOW_S = 2.0
 ENV = {

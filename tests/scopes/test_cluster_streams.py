@@ -23,7 +23,7 @@ from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, rea
 from tests.test_cluster_nodes import CONTAINERS, MOVE_S
 from tests.test_cluster_nodes import SETTINGS as NODE_SETTINGS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 SETTINGS = {**NODE_SETTINGS, "SEGSTORE_STREAM_SCALE_SAMPLE_S": "0.5", "SEGSTORE_STREAM_SCALE_WINDOW_S": "1"}
 RECORD = "#scopes/streams/sc/k"

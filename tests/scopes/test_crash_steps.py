@@ -20,6 +20,7 @@ import pytest
 from app.scopes import cuts, events, records, scaling, transactions
 from app.scopes.controller import Controller
 from app.scopes.errors import StreamNotFound
+from app.settings import HttpSettings
 from engine import SegmentNotFound, SegmentStore, Settings
 from tests.crashing import crash_everywhere
 from tests.scopes.conftest import frames
@@ -57,7 +58,7 @@ def crash_at_every_step(
     """Cut ``procedure`` after each change in turn; ``check(ctl, done)`` after each restart and retry."""
 
     def built(store: SegmentStore) -> None:
-        ctl = Controller(store)
+        ctl = Controller(store, HttpSettings())
         ctl.create_scope("sc")
         build(ctl)
 
@@ -65,9 +66,9 @@ def crash_at_every_step(
         tmp_path,
         _settings,
         built,
-        lambda store: procedure(Controller(store)),
-        lambda store: check(Controller(store), True),
-        lambda store, done: check(Controller(store), done),
+        lambda store: procedure(Controller(store, HttpSettings())),
+        lambda store: check(Controller(store, HttpSettings()), True),
+        lambda store, done: check(Controller(store, HttpSettings()), done),
     )
 
 

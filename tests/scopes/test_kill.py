@@ -28,7 +28,7 @@ from client.stream_client import StreamClient
 from tests.conftest import random_seed
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 CYCLES = 2
 TXN_TIMEOUT_S = 5

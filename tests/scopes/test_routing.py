@@ -1,4 +1,4 @@
-"""The routing key hash (client/routing.py), the key-range checks (app/scopes/ranges.py) and lookups."""
+"""The routing key hash (the client's routing module), key-range checks (app/scopes/ranges.py), lookups."""
 
 from __future__ import annotations
 

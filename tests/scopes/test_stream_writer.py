@@ -117,6 +117,7 @@ def test_pipelined_conditional_batches_land_in_order_whatever_their_arrival(clie
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_writer_goes_on_exactly_once_across_a_restart_and_a_scale(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", env=ENV) as server, SegmentClient(server.url) as client:
         stream = _stream(client, segments=2)

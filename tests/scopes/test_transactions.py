@@ -110,7 +110,7 @@ def test_sealing_a_stream_aborts_its_open_transactions(ctl: Controller, store: S
 
 def test_a_timeout_is_cut_to_the_maximum(ctl: Controller) -> None:
     make_stream(ctl, 1)
-    limit = ctl.settings.stream_transaction_timeout_max_s
+    limit = ctl.http.stream_transaction_timeout_max_s
     txn = transactions.open_transaction(ctl, "sc", "st", limit * 10)
     assert txn.deadline - time.time() <= limit + 1
-    assert transactions.timeout_of(ctl, None) == ctl.settings.stream_transaction_timeout_s
+    assert transactions.timeout_of(ctl, None) == ctl.http.stream_transaction_timeout_s

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import requests
 
-from bench.local_cluster import LocalCluster, owners, wait_for
+from bench.local_cluster import LocalCluster, owners
 from client.events import EventWriter
 from client.segment_client import SegmentClient
 from engine.naming import container_for
 from tests.cluster_writers import segments_in
+from tests.polling import wait_until
 from tests.spark.conftest import MAX_APPEND_BYTES, MAX_READ_BYTES
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -43,7 +44,7 @@ def cluster(
     }
     workdir = tmp_path_factory.mktemp("spark-cluster")
     with LocalCluster(workdir, nodes=2, endpoint=moto_endpoint, bucket=bucket, settings=settings) as running:
-        wait_for(lambda: running.balanced("a") and running.balanced("b"), 90, "two containers on each node")
+        wait_until(lambda: running.balanced("a") and running.balanced("b"), "two containers on each node", 90)
         yield running
 
 

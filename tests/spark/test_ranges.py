@@ -46,8 +46,9 @@ def test_a_range_ending_inside_a_frame_is_a_data_error(client: SegmentClient, sc
     name = scope + "cut"
     client.create(name)
     client.append(name, _frame(b"whole") + _frame(b"cut short")[:6])
-    with pytest.raises(FramingError, match="inside an event frame starting at 9"):
+    with pytest.raises(FramingError, match="inside an event frame starting at 9") as err:
         _rows(client, ByteRange(name, 0, 15, first=True), "length_prefixed", read_bytes=4)
+    assert '.option("framing", "raw")' in str(err.value)  # what to do about bytes written unframed
 
 
 def _append_frames(client: SegmentClient, name: str, payloads: list[bytes]) -> int:

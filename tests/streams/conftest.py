@@ -10,6 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
+from app.settings import HttpSettings
 from app.streams.store import StreamStore
 from engine import SegmentStore, Settings
 
@@ -21,14 +22,16 @@ def settings(tmp_path: Path) -> Settings:
         container_count=2,
         max_append_bytes=64 * 1024,
         max_read_bytes=4096,
-        stream_long_poll_s=0.3,
-        stream_reap_interval_s=0.1,
         flush_threshold_ms=50,
     )
 
 
-def open_app(settings: Settings) -> Flask:
-    flask_app = create_app(settings)
+# Long-polls and the reaper at test speed.
+HTTP = HttpSettings(stream_long_poll_s=0.3, stream_reap_interval_s=0.1)
+
+
+def open_app(settings: Settings, http: HttpSettings = HTTP) -> Flask:
+    flask_app = create_app(settings, http)
     flask_app.extensions["segstore"].wait_ready(30)
     return flask_app
 

@@ -88,6 +88,7 @@ def failures(report: dict) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
+@pytest.mark.process
 def test_conformance_suite(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data") as server:
         report = run_suite(server.url, tmp_path / "vitest.json")

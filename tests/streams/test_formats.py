@@ -5,17 +5,15 @@ from __future__ import annotations
 import pytest
 
 from app.streams.format import format_offset, frame, json_payload, json_values, parse_offset, unframe
-from app.streams.store import StreamStore
-from engine import InvalidArgument
-from engine.naming import (
+from app.streams.names import (
     STREAM_META_PREFIX,
-    is_internal,
-    is_reserved,
     stream_data_segment,
     stream_meta_segment,
     stream_of_meta_segment,
-    validate_name,
 )
+from app.streams.store import StreamStore
+from engine import InvalidArgument
+from engine.naming import is_internal, is_reserved, validate_name
 
 
 def test_offsets_sort_as_strings_and_parse_back() -> None:

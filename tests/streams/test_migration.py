@@ -18,12 +18,13 @@ from app import create_app
 from app.streams import migration
 from app.streams.errors import StreamClosed, StreamConflict, StreamGone
 from app.streams.format import format_offset, frame
+from app.streams.names import stream_part
 from app.streams.producers import SEQ_GENERATION_KEY, Producer, producer_keys
 from app.streams.records import StreamConfig, encode_record
 from app.streams.store import StreamStore
 from engine import AttributeUpdate, AttributeUpdateType, SegmentStore, Settings
-from engine.naming import stream_part
 from tests.crashing import crash_everywhere, open_store
+from tests.streams.conftest import HTTP
 
 REPLACE = AttributeUpdateType.REPLACE
 FIRST = frame(b"m1")
@@ -144,7 +145,7 @@ def test_an_old_data_folder_serves_its_streams_over_http(tmp_path: Path) -> None
     store = open_store(settings)
     build_old_layout(store)
     store.close()
-    app = create_app(settings)
+    app = create_app(settings, HTTP)
     try:
         app.extensions["segstore"].wait_ready(30)
         client = app.test_client()

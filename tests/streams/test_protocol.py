@@ -14,9 +14,11 @@ from urllib.parse import quote
 import pytest
 from flask.testing import FlaskClient
 
+from app.streams.names import STREAM_DATA_PREFIX, STREAM_META_PREFIX, stream_meta_segment
 from app.streams.producers import producer_keys
 from app.streams.store import StreamStore
-from engine import STREAM_DATA_PREFIX, STREAM_META_PREFIX, SegmentStore, Settings, stream_meta_segment
+from engine import SegmentStore, Settings
+from tests.polling import wait_until
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"
@@ -292,9 +294,7 @@ def test_expired_streams_are_deleted_by_the_reaper(client: FlaskClient, store: S
     put(client, "ttl", "x", Stream_TTL="1")
     put(client, "at", "x", Stream_Expires_At="2000-01-01T00:00:00Z")
     put(client, "kept", "x")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and len(store.list(STREAM_DATA_PREFIX)[0]) > 1:
-        time.sleep(0.1)
+    wait_until(lambda: len(store.list(STREAM_DATA_PREFIX)[0]) <= 1, "the reaper deletes the expired streams")
     assert [i.name.split("/")[2] for i in store.list(STREAM_DATA_PREFIX)[0]] == ["kept"]
     assert client.head(URL + "ttl").status_code == 404
 

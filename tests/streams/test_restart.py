@@ -9,8 +9,9 @@ import pytest
 import requests
 
 from app.streams.format import frame
+from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess
-from engine import Settings, stream_meta_segment
+from engine import Settings
 from tests.streams.conftest import close_app, open_app
 
 URL = "/v1/stream/"
@@ -48,6 +49,7 @@ def test_state_is_loaded_again_after_a_restart(settings: Settings) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_acknowledged_appends_survive_kill_9(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     url = server.url + URL + "crash"

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from engine.cluster.coordinator import ClusterMismatch, Coordinator
 from engine.cluster.records import LeaseRecord
 from engine.cluster.registers import MemoryRegisters, Register, RegisterError, S3Registers
+from engine.metrics import ClusterMetrics
 from engine.naming import lease_register_name
 
 LEASE_S = 9.0
@@ -82,13 +84,15 @@ class Cluster:
         self.nodes: dict[str, Coordinator] = {}
         self.hosts: dict[str, Host] = {}
         self.cuts: dict[str, Cut] = {}
+        self.registries: dict[str, CollectorRegistry] = {}
 
     def add(self, node: str) -> Coordinator:
         cut = Cut(self.registers)
         host = Host(node, self.registers)
+        self.registries[node] = CollectorRegistry()
         coordinator = Coordinator(
             cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
-            lease_s=LEASE_S, clock=self.clock,
+            lease_s=LEASE_S, clock=self.clock, metrics=ClusterMetrics(self.registries[node]),
         )
         coordinator.join()
         self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
@@ -110,6 +114,9 @@ class Cluster:
             for node in nodes if nodes is not None else list(self.nodes):
                 self.nodes[node].tick()
                 self.check()
+
+    def metric(self, node: str, name: str, **labels: str) -> float:
+        return self.registries[node].get_sample_value(name, labels) or 0.0
 
     def held(self) -> dict[str, list[int]]:
         return {node: c.held() for node, c in self.nodes.items()}
@@ -151,6 +158,29 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
 
 
+def test_a_dead_owners_container_says_what_its_takeover_waits_for() -> None:
+    cluster = Cluster(3)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    (lost,) = cluster.nodes["b"].held()
+    assert cluster.nodes["a"].describe(lost) == f"container {lost} is served by node b"
+    assert cluster.nodes["b"].describe(lost) == f"container {lost}: node b took it over and is recovering it"
+    cluster.rounds(2, ["a", "c"])  # b is dead: its lease keeps its version
+    cluster.nodes["a"].unreachable("b")  # a request forwarded to it was refused
+    said = cluster.nodes["a"].describe(lost)
+    assert said.startswith(f"container {lost}: waiting for node b's lease to run out, about ")
+    left = int(said.split("about ")[1].split(" s")[0])
+    assert 0 < left < LEASE_S
+    cluster.rounds(3, ["a", "c"])
+    (taker,) = [node for node in ("a", "c") if lost in cluster.nodes[node].held()]
+    other = "a" if taker == "c" else "c"
+    assert cluster.nodes[other].describe(lost) == f"container {lost} is served by node {taker}"
+    assert cluster.metric(taker, "segstore_cluster_takeovers_total", lease="expired") == 1
+    assert cluster.metric(taker, "segstore_cluster_leases_held") == 2
+    assert cluster.metric(taker, "segstore_cluster_lease_renewals_total") > 0
+
+
 def test_a_container_that_failed_is_handed_back_and_started_again() -> None:
     """A failed recovery (fenced by a claimant that since lost the lease) does not keep a lease idle."""
     cluster = Cluster(4)
@@ -182,6 +212,8 @@ def test_a_paused_node_stops_serving_before_others_take_over_and_rejoins_owning_
     paused.tick()  # resumed: its first round stops what it had, before anything else
     assert cluster.hosts["a"].running == set()
     assert not paused.held()
+    assert cluster.metric("a", "segstore_cluster_lease_losses_total", reason="expired") == len(had)
+    assert cluster.metric("a", "segstore_cluster_leases_held") == 0
     cluster.rounds(8)
     assert counts(cluster.held(), ["a", "b", "c"]) == [2, 2, 2]
 

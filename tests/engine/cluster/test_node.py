@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,18 +10,11 @@ import pytest
 
 from engine import ContainerNotReady, InvalidArgument, SegmentStore, Settings, load_settings
 from engine.naming import container_for
+from tests.polling import wait_until
 
 LEASE_S = 3.0
 CONTAINERS = 4
 
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -77,7 +69,7 @@ def test_two_nodes_split_the_containers_and_one_survives_the_others_loss(
     make_node: Callable[[str], SegmentStore],
 ) -> None:
     a, b = make_node("a"), make_node("b")
-    _wait(lambda: len(_serving(a)) == 2 and len(_serving(b)) == 2, 20, "two containers each")
+    wait_until(lambda: len(_serving(a)) == 2 and len(_serving(b)) == 2, "two containers each", 20)
     names = [f"seg-{i}" for i in range(16)]
     acked: dict[str, list[tuple[int, bytes]]] = {name: [] for name in names}
     for name in names:
@@ -95,7 +87,7 @@ def test_two_nodes_split_the_containers_and_one_survives_the_others_loss(
 
     assert a.node is not None
     a.node.stop(hand_over=False)  # a stops renewing, as if it died; its containers are still up
-    _wait(lambda: len(_serving(b)) == CONTAINERS, 20, "b serving every container")
+    wait_until(lambda: len(_serving(b)) == CONTAINERS, "b serving every container", 20)
     assert not _serving(a)  # its leases ran out: it serves nothing, though nobody stopped it
     with pytest.raises(ContainerNotReady):
         a.append(name, b"zombie")
@@ -111,12 +103,12 @@ def test_two_nodes_split_the_containers_and_one_survives_the_others_loss(
 @pytest.mark.slow
 def test_a_joining_node_takes_its_share_from_a_running_one(make_node: Callable[[str], SegmentStore]) -> None:
     a = make_node("a")
-    _wait(lambda: len(_serving(a)) == CONTAINERS, 20, "a serving every container")
+    wait_until(lambda: len(_serving(a)) == CONTAINERS, "a serving every container", 20)
     name = f"s-{uuid.uuid4().hex[:6]}"
     a.create(name)
     a.append(name, b"before")
     b = make_node("b")
-    _wait(lambda: len(_serving(a)) == 2 and len(_serving(b)) == 2, 30, "two containers each")
+    wait_until(lambda: len(_serving(a)) == 2 and len(_serving(b)) == 2, "two containers each", 30)
     owner = _owner([a, b], name)
     owner.append(name, b"after")
     assert owner.read(name, 0, 11).data == b"beforeafter"

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 from engine.cluster.registers import MemoryRegisters, Register, RegisterConflict, Registers, S3Registers
 
 
-@pytest.fixture(params=["memory", "s3"])
+@pytest.fixture(params=["memory", pytest.param("s3", marks=pytest.mark.process)])
 def registers(request: pytest.FixtureRequest) -> Registers:
     if request.param == "memory":
         return MemoryRegisters()

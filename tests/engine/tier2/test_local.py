@@ -201,6 +201,7 @@ GEVENT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_works_under_gevent(tmp_path: Path) -> None:
     """Under monkey-patching every disk call goes through gevent's thread pool, and still works."""
     done = subprocess.run(

@@ -1,0 +1,375 @@
+"""The recovery of an object-store Tier 1 log: claim an epoch, fence older writers, read the log.
+
+``ObjectLogRecovery`` is the base of ``ObjectDataLog`` (``object_log.py``,
+where the layout and the invariants are written up): the log's state, the
+reading of its objects (several at once), and ``recover``, which claims a
+new epoch, takes every name an older writer could still create and then
+reads every write from the log's start. Whether a newer owner claimed the
+log since (``_newer_owner``) is asked here too: by recovery, and by a
+writer before it acknowledges.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from engine.config import TIER1_WRITES_IN_FLIGHT_MAX
+from engine.durable_log import frames
+from engine.durable_log.data_log import LogFenced
+from engine.errors import DataCorrupted
+from engine.naming import (
+    epoch_name,
+    epoch_prefix,
+    parse_epoch_name,
+    parse_wal_object_name,
+    parse_wal_start_name,
+    wal_object_name,
+    wal_prefix,
+    wal_start_name,
+    wal_start_prefix,
+)
+from engine.tier1.wal_object import WalObject, Writer, decode_object, encode_object
+from engine.tier2.chunk_storage import (
+    ChunkExists,
+    ChunkHandle,
+    ChunkNotFound,
+    ChunkStorage,
+    ChunkStorageError,
+)
+
+log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
+
+# The most writes a writer of the log may have in flight; a fence covers as many names.
+REACH = TIER1_WRITES_IN_FLIGHT_MAX
+# A writer acknowledges a write only within this long of having seen no newer epoch...
+CONFIRM_S = 10.0
+# ...and an owner deletes no name its fence covered within this long of the fence.
+KEEP_FENCE_S = 120.0
+# How often recovery looks at the log again when an old writer moved on meanwhile, and how far
+# past the log's end its fence may aim (the distance doubles each time the old writer gets there first).
+_RECOVERY_ATTEMPTS = 50
+_FENCE_AHEAD_MAX = 1024
+# Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
+_READERS = 16
+
+@dataclass(slots=True)
+class LogEntry:
+    """A write of the log: number, size, and the frame it starts at (if it holds none: the next write's)."""
+
+    index: int
+    first_seq: int
+    size: int
+
+
+class ObjectLogRecovery:
+    """One container's Tier 1 log as objects: its state, its objects, and its recovery."""
+
+    def __init__(
+        self,
+        storage: ChunkStorage,
+        container_id: int,
+        *,
+        max_frame_bytes: int = 1 << 20,
+        max_writes_in_flight: int = 1,
+    ) -> None:
+        if not 1 <= max_writes_in_flight <= REACH:
+            raise ValueError(f"max_writes_in_flight must lie in [1, {REACH}], not {max_writes_in_flight}")
+        self.storage = storage
+        self.container_id = container_id
+        self.max_frame_bytes = max_frame_bytes
+        self.max_writes_in_flight = max_writes_in_flight
+        self.epoch = 0
+        self.generation = 0
+        self._next_index = 0  # number of the next write
+        self._next_seq = 0  # first frame sequence number of the next write
+        self._completed_below = 0  # every write below this one is in the bucket
+        self._landed: dict[int, LogEntry] = {}  # writes in the bucket above _completed_below
+        self._entries: list[LogEntry] = []  # the log from its start up to _completed_below
+        self._log_start = 0  # the write the log starts at (its start marker's)
+        self._fence_top = -1  # the highest name our fence covered...
+        self._fenced_at = 0.0  # ...and when (time.monotonic)
+        self._garbage: list[tuple[str, int, float]] = []  # (name, size, not before) below the start
+        self._repair_from: int | None = None  # the oldest write that failed, until repaired
+        self._confirmed_at = 0.0
+        self._lock = threading.Lock()
+        self._confirm_lock = threading.Lock()
+        self._fenced: str | None = None
+        self._broken: str | None = None
+
+    @property
+    def writer(self) -> Writer:
+        return (self.epoch, self.generation)
+
+    def _name(self, index: int) -> str:
+        return wal_object_name(self.container_id, index)
+
+    def _listed(self) -> dict[int, int]:
+        """Write number -> size of every WAL object of the container."""
+        return {
+            index: info.length
+            for info in self.storage.list(wal_prefix(self.container_id))
+            if (index := parse_wal_object_name(self.container_id, info.name)) is not None
+        }
+
+    def _markers(self) -> list[int]:
+        """The start markers, oldest first; the newest is where the log starts (0 without one)."""
+        return sorted(
+            index
+            for info in self.storage.list(wal_start_prefix(self.container_id))
+            if (index := parse_wal_start_name(self.container_id, info.name)) is not None
+        )
+
+    def _start(self) -> int:
+        return (self._markers() or [0])[-1]
+
+    def _get(self, index: int, size: int | None = None) -> WalObject | None:
+        """Write ``index``; None if there is no such object."""
+        name = self._name(index)
+        try:
+            if size is None:
+                size = self.storage.info(name).length
+            return decode_object(name, self.storage.read(ChunkHandle(name, read_only=True), 0, size))
+        except ChunkNotFound:
+            return None
+
+    def _fetch(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
+        """Read the objects of ``indexes`` missing from ``cache`` into it, several at once."""
+        todo = [index for index in indexes if index not in cache]
+        pending = iter(todo)
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            while True:
+                with lock:
+                    index = None if errors else next(pending, None)
+                if index is None:
+                    return
+                try:
+                    got = self._get(index, sizes.get(index))
+                except BaseException as exc:  # handed to the caller below
+                    with lock:
+                        errors.append(exc)
+                    return
+                if got is not None:
+                    with lock:
+                        cache[index] = got
+
+        readers = [threading.Thread(target=read, daemon=True) for _ in range(min(_READERS, len(todo)))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        if errors:
+            raise errors[0]
+
+    def _batches(self, index: int, body: bytes, first_seq: int | None) -> list[frames.Batch]:
+        try:
+            return list(frames.iter_batches(body, first_seq))
+        except frames.TornTail as torn:
+            raise DataCorrupted(f"Tier 1 object {self._name(index)}: {torn}") from None
+
+    def _fence_error(self, newer: Writer) -> LogFenced:
+        self._fenced = f"container {self.container_id}: a writer of epoch {newer[0]} owns the Tier 1 log"
+        return LogFenced(errno.EPERM, self._fenced)
+
+    def _break(self, why: str) -> OSError:
+        self._broken = why
+        log.error("container %d: Tier 1 log unusable: %s", self.container_id, why)
+        return OSError(errno.EIO, f"Tier 1 log is unusable: {why}")
+
+    def _kept_until(self) -> float:
+        """Until when the names our fence covered must stay (KEEP_FENCE_S after the fence)."""
+        return self._fenced_at + KEEP_FENCE_S
+
+    # ----------------------------------------------------------------- recovery
+    def recover(self) -> Iterator[frames.Batch]:
+        """Claim a new epoch, fence every older writer, then give back every write of the log in order.
+
+        The fence reads nothing but the objects above a hole, so it wins
+        against an old writer that is still busy; reading follows, once no
+        older writer can add to the log.
+        """
+        self.epoch, self.generation = self._new_epoch(), 0
+        cache: dict[int, WalObject] = {}  # objects never change: each is read once
+        ahead = REACH + 1
+        for _ in range(_RECOVERY_ATTEMPTS):
+            covered = self._fence(cache, ahead)
+            if covered is None:
+                ahead = min(2 * ahead, _FENCE_AHEAD_MAX)
+                continue
+            self._fence_top, self._fenced_at = covered, time.monotonic()
+            batches = self._read_log(cache)
+            newer = self._newer_owner(force=True)
+            if newer is not None:
+                raise self._fence_error(newer)
+            log.info("container %d: Tier 1 fenced up to %d, epoch %d", self.container_id, covered, self.epoch)
+            yield from batches
+            return
+        raise DataCorrupted(
+            f"container {self.container_id}: could not fence the Tier 1 log in {_RECOVERY_ATTEMPTS} "
+            "attempts: another server keeps writing it"
+        )
+
+    def _new_epoch(self) -> int:
+        """An epoch above every earlier writer's, and ours alone: a put-if-absent claim of its name."""
+        prefix = epoch_prefix(self.container_id)
+        while True:
+            asked = time.monotonic()
+            taken = [
+                epoch
+                for info in self.storage.list(prefix)
+                if (epoch := parse_epoch_name(self.container_id, info.name)) is not None
+            ]
+            epoch = max(taken, default=0) + 1
+            try:
+                self.storage.create(epoch_name(self.container_id, epoch), b"")
+            except ChunkExists:
+                continue
+            self._confirmed_at = asked
+            for old in taken:  # the newest claim is all a later writer needs
+                self.storage.delete(epoch_name(self.container_id, old))
+            return epoch
+
+    def _fence(self, cache: dict[int, WalObject], ahead: int) -> int | None:
+        """Take every name an older writer could still create; the highest name covered, or None to retry.
+
+        With ``top`` the highest name listed: claim ``top + ahead`` (at first
+        ``REACH + 1``: past anything an old writer with writes in flight
+        reaches before one of them completes), fill the names between, and
+        the names up to ``REACH`` past the lowest we hold (the writer may have
+        moved on while we filled), then the holes below ``top`` once they are
+        known to be writes that never landed.
+        """
+        start = self._start()
+        names = {index: size for index, size in self._listed().items() if index >= start}
+        if start and start not in names:
+            if self._start() != start:
+                return None  # truncated meanwhile
+            raise DataCorrupted(f"Tier 1 object {self._name(start)}, where the log starts, is missing")
+        top = max(names, default=start - 1)
+        holes = [index for index in range(start, top) if index not in names]
+        base = holes[0] if holes else top + 1
+        fence = top + ahead
+        if not self._claim(fence, base, cache):
+            return None  # the old writer got there first: look again, and aim further
+        held = [fence] + [index for index in range(fence - 1, top, -1) if self._claim(index, base, cache)]
+        lowest = min(held)
+        for index in range(fence + 1, lowest + REACH):
+            self._claim(index, base, cache)
+        if holes:
+            self._check_holes(holes, names, cache)
+            for index in reversed(holes):
+                self._claim(index, base, cache)
+        if self._start() > lowest:
+            return None  # a truncation had freed the names we took: they lie below the log's start
+        return max(fence, lowest + REACH - 1)
+
+    def _claim(self, index: int, base: int, cache: dict[int, WalObject]) -> bool:
+        """Take name ``index`` with an empty object of ours; False if another writer's write has it.
+
+        A newer writer there: LogFenced.
+        """
+        data = encode_object(self.writer, base, b"")
+        while True:
+            try:
+                self.storage.create(self._name(index), data)
+                return True
+            except ChunkExists:
+                pass
+            got = self._get(index)
+            if got is None:
+                continue
+            if got.writer == self.writer:
+                return True  # our own earlier claim
+            if got.writer > self.writer:
+                raise self._fence_error(got.writer)
+            cache[index] = got
+            return False
+
+    def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> None:
+        """A hole must be a write that never landed: no later write was begun after it was in the bucket."""
+        self._fetch([index for index in names if index > holes[0]], names, cache)
+        for hole in holes:
+            if any(obj.base > hole for index, obj in cache.items() if index > hole):
+                missing = self._name(hole)
+                raise DataCorrupted(f"container {self.container_id}: Tier 1 object {missing} is missing")
+
+    def _read_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
+        """Every write from the log's start up to the end of our fence, in order."""
+        while True:
+            markers = self._markers()
+            start = (markers or [0])[-1]
+            listed = self._listed()
+            names = sorted(index for index in listed if index >= start)
+            self._fetch(names, listed, cache)
+            batches: list[frames.Batch] = []
+            entries: list[tuple[int, int | None, int]] = []
+            expected: int | None = None
+            top: Writer = (0, 0)
+            for position, index in enumerate(names):
+                got = cache.get(index)
+                if got is None or index != start + position:
+                    if self._start() != start:
+                        break  # truncated since the listing: list again
+                    missing = start + position
+                    raise DataCorrupted(
+                        f"container {self.container_id}: Tier 1 object {self._name(missing)} is missing"
+                    )
+                if got.writer > self.writer:
+                    raise self._fence_error(got.writer)
+                top = max(top, got.writer)
+                found = self._batches(index, got.body, expected) if got.writer == top else []
+                entries.append((index, found[0].first_frame_seq if found else None, listed[index]))
+                batches += found
+                if found:
+                    expected = found[-1].first_frame_seq + found[-1].frame_count
+            else:
+                self._next_seq = expected if expected is not None else 0
+                self._entries = self._filled(entries)
+                self._next_index = self._completed_below = names[-1] + 1 if names else start
+                self._landed = {}
+                self._log_start = start
+                keep = self._kept_until()
+                self._garbage = [(self._name(i), size, keep) for i, size in listed.items() if i < start]
+                self._garbage += [(wal_start_name(self.container_id, m), 0, 0.0) for m in markers[:-1]]
+                return batches
+
+    def _filled(self, entries: list[tuple[int, int | None, int]]) -> list[LogEntry]:
+        """Entries with the frame number a write without frames stands at: the next write's."""
+        following = self._next_seq
+        out: list[LogEntry] = []
+        for index, first, size in reversed(entries):
+            following = first if first is not None else following
+            out.append(LogEntry(index, following, size))
+        return out[::-1]
+
+    def _newer_owner(self, *, force: bool = False) -> Writer | None:
+        """Unless looked for within CONFIRM_S, the writer of a newer epoch claimed in the bucket, or None."""
+        if not force and time.monotonic() - self._confirmed_at < CONFIRM_S:
+            return None
+        with self._confirm_lock:
+            if not force and time.monotonic() - self._confirmed_at < CONFIRM_S:
+                return None
+            asked = time.monotonic()
+            try:
+                newest = max(
+                    (
+                        epoch
+                        for info in self.storage.list(epoch_prefix(self.container_id))
+                        if (epoch := parse_epoch_name(self.container_id, info.name)) is not None
+                    ),
+                    default=0,
+                )
+            except ChunkStorageError as exc:
+                raise self._break(f"could not look for a newer owner: {exc}") from exc
+            if newest > self.epoch:
+                return (newest, 0)
+            self._confirmed_at = asked
+            return None

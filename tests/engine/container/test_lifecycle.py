@@ -1,0 +1,179 @@
+"""Faults heal by themselves; a misconfiguration is told apart from an outage.
+
+A Tier 2 that does not answer at start is waited for; one that refuses us
+(no bucket, credentials refused) makes the store refuse to start. A full
+disk (Tier 1 or Tier 2) answers StorageFull and heals once space is freed,
+without a restart; a restart while Tier 1 is full serves reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
+from engine.container import state
+from engine.tier2.chunk_storage import ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
+from engine.tier2.memory import MemoryChunkStorage
+from tests.engine.conftest import Node, small_settings
+from tests.polling import wait_until
+
+FULL = OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    n = Node(small_settings(tier1_backlog_max_bytes=64 * 1024, max_append_bytes=8 * 1024))
+    n.start()
+    yield n
+    n.store.close()
+
+
+class RefusingStorage(MemoryChunkStorage):
+    """A Tier 2 that refuses every listing, as S3 does for a missing bucket."""
+
+    def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
+        raise ChunkStorageUnusable("S3 list 'c0/' failed: NoSuchBucket")
+
+
+def test_a_tier2_outage_at_start_is_waited_out(caplog: pytest.LogCaptureFixture) -> None:
+    node = Node(small_settings())
+    node.faults.outage("list")
+    caplog.set_level(logging.WARNING, "engine")
+    node.start(wait=False)
+    try:
+        wait_until(lambda: node.faults.calls["list"] >= 2, what="a second try of Tier 2")
+        assert node.container.state == state.RECOVERING
+        assert node.store.refusal() is None
+        with pytest.raises(ContainerNotReady, match="recovering"):
+            node.store.create("s")
+        node.faults.end_outage()
+        node.store.wait_ready(15)
+        node.store.create("s")
+        assert node.container.state == state.RUNNING
+    finally:
+        node.store.close()
+    retries = [r for r in caplog.records if "Tier 2 does not answer" in r.getMessage()]
+    assert retries and all(r.exc_info is None for r in retries)
+
+
+def test_a_tier2_that_refuses_us_at_start_is_a_refusal_not_a_retry() -> None:
+    node = Node(small_settings(), storage=RefusingStorage())
+    node.start(wait=False)
+    try:
+        refusal = node.store.wait_refusal()
+        assert refusal is not None and "NoSuchBucket" in refusal and "cannot be used" in refusal
+        assert node.container.state == state.FAILED
+    finally:
+        node.store.close()
+
+
+def test_a_restart_while_tier1_is_full_serves_reads_then_heals(node: Node) -> None:
+    node.store.create("s")
+    node.store.append("s", b"kept")
+    node.restart(wait=False, hold_tier1=True)
+    node.data_log.fail_error = FULL
+    node.data_log.fail_writes = 10**6
+    node.data_log.gate.set()
+    wait_until(lambda: node.container.state == state.READ_ONLY, what="read-only")
+    assert node.store.read("s", 0).data == b"kept"
+    assert node.store.info("s").length == 4
+    with pytest.raises(StorageFull, match="Tier 1 is full"):
+        node.store.append("s", b"lost")
+    refused = node.registry.get_sample_value("segstore_throttled_requests_total", {"reason": "storage_full"})
+    assert refused == 1
+    assert dict((i, s) for i, s, _ in node.store.container_states()) == {0: state.READ_ONLY}
+    node.data_log.fail_writes = 0  # space freed
+    node.store.wait_ready(10)
+    assert node.store.append("s", b"+new").offset == 4
+    assert node.store.read("s", 0).data == b"kept+new"
+    assert node.container.state == state.RUNNING
+
+
+def test_tier1_full_at_runtime_heals_without_a_restart(node: Node) -> None:
+    node.store.create("s")
+    node.data_log.fail_error = FULL
+    node.data_log.fail_writes = 2
+    for _ in range(2):
+        with pytest.raises(StorageFull):
+            node.store.append("s", b"lost")
+    assert node.container.state == state.READ_ONLY
+    assert node.store.append("s", b"ok").offset == 0  # space freed
+    assert node.container.state == state.RUNNING
+    assert node.store.read("s", 0).data == b"ok"
+
+
+def test_tier2_full_answers_storage_full_once_the_backlog_fills_then_heals(node: Node) -> None:
+    node.store.create("s")
+    node.faults.outage("create", "write", "concat", full=True)
+    chunk = b"x" * 8 * 1024
+    node.store.append("s", chunk)
+    acknowledged = 1
+    wait_until(lambda: node.container.state == state.DEGRADED, what="a failed flush")
+    with pytest.raises(StorageFull, match="Tier 2 is full"):
+        for _ in range(100):
+            node.store.append("s", chunk)
+            acknowledged += 1
+    assert isinstance(node.container.storage_writer.failing, ChunkStorageFull)
+    assert node.container.state == state.THROTTLED
+    node.faults.end_outage()  # space freed
+    wait_until(lambda: node.container.state == state.RUNNING, timeout_s=15, what="Tier 2 catching up")
+    node.store.append("s", b"!")
+    assert node.store.read("s", 0, 10**6).data == chunk * acknowledged + b"!"
+
+
+def test_a_tier2_outage_degrades_then_throttles(node: Node) -> None:
+    node.store.create("s")
+    node.faults.outage()
+    node.store.append("s", b"a")
+    wait_until(lambda: node.container.state == state.DEGRADED, what="degraded")
+    with pytest.raises(Throttled) as refused:
+        for _ in range(100):
+            node.store.append("s", b"x" * 8 * 1024)
+    assert type(refused.value) is Throttled
+    assert node.container.state == state.THROTTLED
+    assert "wait for Tier 2" in (node.container.state_reason or "")
+    node.faults.end_outage()
+    wait_until(lambda: node.container.state == state.RUNNING, timeout_s=15, what="Tier 2 catching up")
+
+
+def test_a_restart_on_a_full_disk_serves_reads_from_real_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real Tier 1 files: every os.write into the data folder fails with ENOSPC until space is freed."""
+    settings = small_settings(tmp_path)
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    store.create("s")
+    store.append("s", b"kept")
+    store.close()
+    disk = {"full": True}
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if disk["full"] and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    store = SegmentStore(settings)
+    store.start()
+    try:
+        wait_until(lambda: store.container_states()[0][1] == state.READ_ONLY, what="read-only")
+        assert store.read("s", 0).data == b"kept"
+        with pytest.raises(StorageFull):
+            store.append("s", b"lost")
+        disk["full"] = False
+        store.wait_ready(10)
+        store.append("s", b"+new")
+    finally:
+        store.close()
+    store = SegmentStore(settings)
+    store.start(wait=True)
+    assert store.read("s", 0).data == b"kept+new"
+    store.close()

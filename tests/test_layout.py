@@ -1,0 +1,27 @@
+"""The tree stays readable: modules small enough to read whole, few modules at the engine's root.
+
+Which package may import which is import-linter's (``pyproject.toml``); this checks the sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULE_LINES_MAX = 500
+ENGINE_ROOT_MODULES_MAX = 12
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for package in ("engine", "app", "client")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MODULE_LINES_MAX
+    }
+    assert not long, f"split these along what they do: {long}"
+
+
+def test_the_engine_root_holds_only_what_everything_uses() -> None:
+    modules = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(modules) <= ENGINE_ROOT_MODULES_MAX, modules
