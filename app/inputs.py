@@ -1,7 +1,8 @@
 """Request input every surface shares: UTF-8 paths and bounded bodies.
 
-Each surface parses its own headers and parameters (``app/native/params.py``,
-``app/s3``, ``app/streams``); these two rules hold for all of them.
+Each surface parses its own headers and parameters (``app/params.py`` for the
+native and stream APIs, ``app/s3``, ``app/streams``); these two rules hold
+for all of them.
 """
 
 from __future__ import annotations

@@ -271,9 +271,25 @@ class SegmentClient:
         writer_id: uuid.UUID | str | None = None,
         event_number: int | None = None,
         event_count: int | None = None,
+        previous_event_number: int | None = None,
     ) -> AppendResult:
-        """Append ``data`` atomically, optionally conditional (``Expected-Offset``) or deduplicated."""
-        return self._append(segment_path(name), data, expected_offset, writer_id, event_number, event_count)
+        """Append ``data`` atomically, optionally conditional (``Expected-Offset``) or deduplicated.
+
+        ``previous_event_number`` (with ``writer_id`` and ``event_number``):
+        append only if the writer's last stored number is that one, else
+        ``ConditionalCheckFailed`` (its ``headers`` name the stored number in
+        ``Writer-Event-Number``); so batches pipelined on several connections
+        never land out of order (docs/api.md "Appends").
+        """
+        return self._append(
+            segment_path(name),
+            data,
+            expected_offset,
+            writer_id,
+            event_number,
+            event_count,
+            previous_event_number,
+        )
 
     def _append(
         self,
@@ -283,6 +299,7 @@ class SegmentClient:
         writer_id: uuid.UUID | str | None,
         event_number: int | None,
         event_count: int | None,
+        previous_event_number: int | None = None,
     ) -> AppendResult:
         headers: dict[str, str] = {"Content-Type": "application/octet-stream"}
         if expected_offset is not None:
@@ -293,6 +310,8 @@ class SegmentClient:
             headers["Event-Number"] = str(event_number)
         if event_count is not None:
             headers["Event-Count"] = str(event_count)
+        if previous_event_number is not None:
+            headers["Previous-Event-Number"] = str(previous_event_number)
         safe = expected_offset is not None or (writer_id is not None and event_number is not None)
         body = self._request("POST", path, safe_to_resend=safe, data=data, headers=headers).json()
         if body.get("duplicate"):
