@@ -71,7 +71,8 @@ form.addEventListener("submit", async (event) => {
     status.textContent = "";
     show();
   } catch (err) {
-    // A token the server does not know: keep the form open with the server's word for it.
+    // A token the server does not know: forgotten, the form open with the server's word for it.
+    api.setToken("");
     status.textContent = `${err.status || ""} ${err.detail || err.message}`.trim();
   }
 });

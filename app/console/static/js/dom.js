@@ -53,7 +53,7 @@ export function route(view, params) {
   return `#/${view}${text ? "?" + text : ""}`;
 }
 
-/** A table: headers, then rows of cells (a cell is text, a node, or {value, class}). */
+/** A table: headers, then rows of cells (a cell is text, a node, a list of them, or {value, class}). */
 export function table(headers, rows, attrs) {
   return h(
     "table",
@@ -67,7 +67,7 @@ export function table(headers, rows, attrs) {
           "tr",
           {},
           cells.map((cell) =>
-            cell !== null && typeof cell === "object" && !(cell instanceof Node)
+            cell !== null && typeof cell === "object" && !(cell instanceof Node) && !Array.isArray(cell)
               ? h("td", { class: cell.class }, cell.value)
               : h("td", {}, cell),
           ),

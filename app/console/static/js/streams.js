@@ -62,10 +62,8 @@ async function scopeView(main, scope) {
       return [link("streams", { scope, stream }, stream), s.state, s.epoch === null ? "–" : count(s.epoch), policy];
     }),
   );
-  main.append(
-    names.length ? table(["stream", "state", "epoch", "scaling"], rows, { id: "streams" }) : note("No streams in this scope."),
-    names.length > 200 ? note(`The first 200 of ${count(names.length)} streams.`) : null,
-  );
+  main.append(names.length ? table(["stream", "state", "epoch", "scaling"], rows, { id: "streams" }) : note("No streams in this scope."));
+  if (names.length > 200) main.append(note(`The first 200 of ${count(names.length)} streams.`));
 }
 
 function policyText(scaling) {
@@ -128,7 +126,7 @@ async function streamView(main, scope, stream, context) {
       ];
     });
     before = { t, infos: now };
-    fill(rates, table(["segment", "key range", "length", "events", "bytes", "events"], rows, { id: "current-segments" }));
+    fill(rates, table(["segment", "key range", "length", "events", "bytes/s", "events/s"], rows, { id: "current-segments" }));
   }
   await tick();
   const timer = setInterval(() => tick().catch((err) => fill(rates, problem(err))), EVERY_MS);
