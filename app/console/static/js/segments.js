@@ -5,11 +5,13 @@ import { ago, bytes, count, fill, h, link, note, problem, section, table, time }
 import { tailView } from "./tail.js";
 
 const PAGE = 100;
+const PAGE_MAX = 1000;
 
 export async function render(main, params, context) {
   const name = params.get("name");
   if (name !== null) return detail(main, name, context);
-  return browse(main, params.get("prefix") || "", params.get("after") || "");
+  const limit = Math.min(PAGE_MAX, Math.max(1, Number(params.get("limit")) || PAGE));
+  return browse(main, params.get("prefix") || "", params.get("after") || "", limit);
 }
 
 /** The prefix as links, one per part: each shows the names under it. */
@@ -41,7 +43,7 @@ function nameCell(name) {
   return h("span", { class: "name", title: name }, out);
 }
 
-async function browse(main, prefix, after) {
+async function browse(main, prefix, after, limit) {
   const input = h("input", { name: "prefix", value: prefix, placeholder: "a name prefix: sensors/", spellcheck: "false" });
   const form = h(
     "form",
@@ -59,7 +61,7 @@ async function browse(main, prefix, after) {
   main.append(h("h1", {}, "Segments"), form, crumbs(prefix), results);
   let page;
   try {
-    page = await api.listSegments(prefix, after, PAGE);
+    page = await api.listSegments(prefix, after, limit);
   } catch (err) {
     fill(results, problem(err));
     if (err.status === 403) results.append(note("This token may list only the names under its grants: enter such a prefix."));
@@ -77,14 +79,14 @@ async function browse(main, prefix, after) {
   const pager = h(
     "nav",
     { class: "pager" },
-    after ? link("segments", { prefix }, "first page") : null,
-    page.next ? link("segments", { prefix, after: page.next }, "next page") : null,
+    after ? link("segments", { prefix, limit: limit === PAGE ? "" : limit }, "first page") : null,
+    page.next ? link("segments", { prefix, after: page.next, limit: limit === PAGE ? "" : limit }, "next page") : null,
   );
   fill(
     results,
     note(
       after ? `After ${after}: ` : "",
-      `${page.segments.length} segment${page.segments.length === 1 ? "" : "s"}${page.next ? ` (a page of ${PAGE}; more follow)` : ""}.`,
+      `${page.segments.length} segment${page.segments.length === 1 ? "" : "s"}${page.next ? ` (a page of ${limit}; more follow)` : ""}.`,
     ),
     table(["name", "length", "start offset", "in Tier 2", "state", "events", "last append"], rows, { id: "segments" }),
     pager,
