@@ -22,6 +22,7 @@ from selenium.webdriver.common.by import By
 
 from bench.console import CHROMEDRIVER, CHROMIUM, browser, fill_sample, wait_for_text
 from bench.local_cluster import LocalCluster
+from bench.servers import ServerProcess
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.process  # Chromium and its driver are processes too
@@ -228,3 +229,56 @@ def test_hostile_segment_names_show_as_text(
     assert driver.find_element(By.ID, "segment-name").text == name
     _shot(driver, tmp_path, "hostile")
     _no_script_ran(driver)
+
+
+ADMIN = "admin-token-0123456789"
+NARROW = "team-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One node with an auth file: an admin token, and one that reads only ``team/``."""
+    folder = tmp_path_factory.mktemp("console-auth")
+    auth = folder / "auth.toml"
+    auth.write_text(
+        f'[[token]]\nname = "admin"\ntoken = "{ADMIN}"\ngrants = [{{prefix = "", access = "admin"}}]\n'
+        f'[[token]]\nname = "team"\ntoken = "{NARROW}"\ngrants = [{{prefix = "team/", access = "read"}}]\n'
+    )
+    with ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)}) as running:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        for name in ("team/a", "team/b", "other/secret"):
+            requests.put(f"{running.url}/v1/segments/{name}", headers=admin, timeout=TIMEOUT_S).raise_for_status()
+        yield running
+
+
+def _give_token(driver: Any, token: str) -> None:
+    field = driver.find_element(By.ID, "token-input")
+    field.clear()
+    field.send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+
+
+def test_with_an_auth_file_the_console_asks_for_a_token_and_shows_what_it_grants(
+    server: ServerProcess, driver: Any, tmp_path: Path
+) -> None:
+    driver.get(f"{server.url}/console/#/overview")
+    driver.execute_script("sessionStorage.clear()")
+    driver.refresh()
+    wait_until(lambda: driver.find_element(By.ID, "token-form").is_displayed(), "the console asks for a token")
+    _give_token(driver, "not-a-token-of-this-server")
+    wait_for_text(driver, "#token-status", "not known")
+    assert driver.execute_script("return sessionStorage.length") == 0
+    _shot(driver, tmp_path, "wrong-token")
+    _give_token(driver, NARROW)
+    wait_for_text(driver, "#containers", "running")
+    assert not driver.find_element(By.ID, "token-form").is_displayed()
+    _open(driver, server.url, "segments?prefix=team/")
+    wait_for_text(driver, "#segments", "team/b")
+    assert [r[0] for r in _rows(driver, "segments")] == ["team/a", "team/b"]
+    _shot(driver, tmp_path, "narrow-token")
+    _open(driver, server.url, "segments")
+    wait_for_text(driver, "#segment-list", "403")
+    assert "other/secret" not in driver.find_element(By.TAG_NAME, "main").text
+    _open(driver, server.url, "segments?name=other/secret")
+    wait_for_text(driver, "main", "403")
+    assert driver.execute_script("return sessionStorage.length") == 1
