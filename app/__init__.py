@@ -30,7 +30,20 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     """
     # The surfaces come with the app, not with the package: gunicorn's arbiter reads app.settings
     # (deploy/gunicorn.conf.py) before gevent patches the worker, so it must not import clients of ssl.
-    from app import auth, console, errors, forwarding, http_chunked, inputs, native, ops, peer, s3, scopes, streams
+    from app import (
+        auth,
+        console,
+        errors,
+        forwarding,
+        http_chunked,
+        inputs,
+        native,
+        ops,
+        peer,
+        s3,
+        scopes,
+        streams,
+    )
     from app.native import subject as native_subject
     from app.s3 import subject as s3_subject
     from app.scopes import subject as scopes_subject

@@ -1,4 +1,4 @@
-"""The console in a headless Chromium: the tests' browser, a node filled with sample data, the README's picture.
+"""The console in headless Chromium: the tests' browser, a node with sample data, the README's picture.
 
 ``python -m bench.console [PATH]`` starts a node as ``make run`` does (on a
 data folder and port of its own), fills it with ``fill_sample`` and saves a
@@ -30,7 +30,7 @@ TIMEOUT_S = 10
 
 @contextlib.contextmanager
 def browser(width: int = 1360, height: int = 900) -> Iterator[Any]:
-    """A headless Chromium driven by Selenium, its JavaScript console kept (``driver.get_log("browser")``)."""
+    """A headless Chromium driven by Selenium; ``driver.get_log("browser")`` gives its JavaScript console."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -48,7 +48,8 @@ def browser(width: int = 1360, height: int = 900) -> Iterator[Any]:
 
 
 def _ok(answer: requests.Response) -> requests.Response:
-    assert answer.status_code < 300, f"{answer.request.method} {answer.url}: {answer.status_code} {answer.text}"
+    request = answer.request
+    assert answer.status_code < 300, f"{request.method} {answer.url}: {answer.status_code} {answer.text}"
     return answer
 
 
@@ -71,26 +72,29 @@ def fill_sample(url: str, headers: dict[str, str] | None = None) -> dict[str, An
     scope, stream = "demo", "orders"
     base = f"{url}/v1/scopes/{scope}"
     _ok(s.put(base, timeout=TIMEOUT_S))
-    config = {"segments": 2, "scaling": {"type": "events_per_s", "target": 1000, "factor": 2, "min_segments": 2}}
+    scaling = {"type": "events_per_s", "target": 1000, "factor": 2, "min_segments": 2}
+    config = {"segments": 2, "scaling": scaling}
     _ok(s.put(f"{base}/streams/{stream}", json=config, timeout=TIMEOUT_S))
     for n in range(40):
         _ok(s.post(f"{base}/streams/{stream}/events", data=f"order {n}".encode(),
                    headers={"Routing-Key": f"customer-{n % 7}"}, timeout=TIMEOUT_S))
-    _ok(s.post(f"{base}/streams/{stream}:scale", json={"seal": [0], "ranges": [[0, 0.25], [0.25, 0.5]]},
-               timeout=TIMEOUT_S))
-    _ok(s.post(f"{base}/streams/{stream}:scale", json={"seal": [2, 3], "ranges": [[0, 0.5]]}, timeout=TIMEOUT_S))
+    split = {"seal": [0], "ranges": [[0, 0.25], [0.25, 0.5]]}
+    _ok(s.post(f"{base}/streams/{stream}:scale", json=split, timeout=TIMEOUT_S))
+    merge = {"seal": [2, 3], "ranges": [[0, 0.5]]}
+    _ok(s.post(f"{base}/streams/{stream}:scale", json=merge, timeout=TIMEOUT_S))
     for n in range(40, 60):
         _ok(s.post(f"{base}/streams/{stream}/events", data=f"order {n}".encode(),
                    headers={"Routing-Key": f"customer-{n % 7}"}, timeout=TIMEOUT_S))
     durable = "chat/room-1"
-    _ok(s.put(f"{url}/v1/stream/{quote(durable)}", headers={"Content-Type": "text/plain"}, timeout=TIMEOUT_S))
+    text = {"Content-Type": "text/plain"}
+    _ok(s.put(f"{url}/v1/stream/{quote(durable)}", headers=text, timeout=TIMEOUT_S))
     _ok(s.post(f"{url}/v1/stream/{quote(durable)}", data=b"hello from a Durable Stream",
                headers={"Content-Type": "text/plain"}, timeout=TIMEOUT_S))
     bucket, objects = "photos", ["2026/cat.jpg", "2026/dog.jpg"]
     if headers is None:  # the S3 surface serves unsigned requests only without auth
         _ok(requests.put(f"{url}/{bucket}", timeout=TIMEOUT_S))
         for key in objects:
-            _ok(requests.put(f"{url}/{bucket}/{key}", data=b"\xff\xd8 not really a JPEG", timeout=TIMEOUT_S))
+            _ok(requests.put(f"{url}/{bucket}/{key}", data=b"\xff\xd8 no JPEG", timeout=TIMEOUT_S))
     return {"segments": segments, "stream": (scope, stream), "durable": durable, "bucket": bucket,
             "objects": objects}
 

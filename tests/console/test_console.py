@@ -247,7 +247,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)}) as running:
         admin = {"Authorization": f"Bearer {ADMIN}"}
         for name in ("team/a", "team/b", "other/secret"):
-            requests.put(f"{running.url}/v1/segments/{name}", headers=admin, timeout=TIMEOUT_S).raise_for_status()
+            answer = requests.put(f"{running.url}/v1/segments/{name}", headers=admin, timeout=TIMEOUT_S)
+            answer.raise_for_status()
         yield running
 
 
@@ -264,7 +265,8 @@ def test_with_an_auth_file_the_console_asks_for_a_token_and_shows_what_it_grants
     driver.get(f"{server.url}/console/#/overview")
     driver.execute_script("sessionStorage.clear()")
     driver.refresh()
-    wait_until(lambda: driver.find_element(By.ID, "token-form").is_displayed(), "the console asks for a token")
+    form = driver.find_element(By.ID, "token-form")
+    wait_until(form.is_displayed, "the console asks for a token")
     _give_token(driver, "not-a-token-of-this-server")
     wait_for_text(driver, "#token-status", "not known")
     assert driver.execute_script("return sessionStorage.length") == 0
