@@ -124,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         with browser(1280, 820) as driver:
             driver.get(f"{server.url}/console/#/overview")
             wait_for_text(driver, "#containers", "running")
-            for n in range(8):  # the live charts draw from rates: a few samples while appends arrive
-                requests.post(f"{server.url}/v1/scopes/demo/streams/orders/events", data=b"x" * (n * 500),
-                              timeout=TIMEOUT_S)
+            events = f"{server.url}/v1/scopes/demo/streams/orders/events"
+            for n in range(30):  # the live charts draw rates: half a minute of a varying load
+                for _ in range(1 + (n * 7) % 11):
+                    requests.post(events, data=b"x" * (200 + 40 * (n % 9)), timeout=TIMEOUT_S)
                 time.sleep(1)
             driver.save_screenshot(args.path)
     print(f"saved {args.path}")
