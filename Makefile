@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps
+.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps browser-deps console-screenshot
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +48,18 @@ lint: $(VENV)/.test
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# The console's browser tests drive Debian's Chromium: installed with apt when missing (CI runs as root).
+browser-deps:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+
+# docs/console.png, the README's picture of the console: a node with sample data, photographed.
+console-screenshot: $(VENV)/.test browser-deps
+	$(BIN)/python -m bench.console docs/console.png
+
 # Two workers: the tests that start processes run on one of them, one at a time and in order
 # (tests/conftest.py), while the others share the second core.
-test: lint
+test: lint browser-deps
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
