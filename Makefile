@@ -48,10 +48,11 @@ lint: $(VENV)/.test
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-# The console's browser tests drive Debian's Chromium: installed with apt when missing (CI runs as root).
+# The console's browser tests drive Debian's Chromium: installed with apt when missing (sudo unless root).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 browser-deps:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
-	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+	else $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver; fi
 
 # docs/console.png, the README's picture of the console: a node with sample data, photographed.
 console-screenshot: $(VENV)/.test browser-deps
