@@ -79,7 +79,9 @@ def test_a_batch_read_across_a_split_and_a_merge_keeps_every_key_in_order(
     assert all(numbers == list(range(21, 61)) for numbers in later.values()) and set(later) == set(KEYS)
 
 
-def _start_query(spark: Any, server: ServerProcess, stream: str, checkpoint: Path, seen: dict, **trigger: Any) -> Any:
+def _start_query(
+    spark: Any, server: ServerProcess, stream: str, checkpoint: Path, seen: dict, **trigger: Any
+) -> Any:
     def collect(batch: Any, batch_id: int) -> None:
         seen[batch_id] = [bytes(r.value) for r in batch.collect()]
 
@@ -100,7 +102,8 @@ def test_a_streaming_query_stopped_and_restarted_across_scalings_reads_each_even
     checkpoint = tmp_path / "ckpt"
     seen: dict[int, list[bytes]] = {}  # by batch id: a batch run again replaces its first run
     writers = KeyedWriters(client, scope, stream, KEYS, threads=2).start()
-    query = _start_query(spark, server, f"{scope}/{stream}", checkpoint, seen, processingTime="200 milliseconds")
+    every = {"processingTime": "200 milliseconds"}
+    query = _start_query(spark, server, f"{scope}/{stream}", checkpoint, seen, **every)
     try:
         wait_until(lambda: sum(map(len, seen.values())) > 50, "the query read events", timeout_s=60)
         streams.scale(scope, stream, [0], [(0.0, 0.25), (0.25, 0.5)])  # 2, 3

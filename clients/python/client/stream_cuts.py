@@ -113,7 +113,7 @@ def ranges_between(lineage: Lineage, start: StreamCut, end: StreamCut) -> list[l
             root(sid)
             continue
         if not info.sealed:
-            raise ValueError(f"segment {sid} is neither in the end cut nor sealed: the end lies before the start")
+            raise ValueError(f"segment {sid} is neither in the end cut nor sealed: the cuts are reversed")
         found[sid] = SegmentRange(sid, begin, info.length)
         for successor in lineage.successors(sid):
             if any(p in end.positions for p in successor.predecessors if p != sid):

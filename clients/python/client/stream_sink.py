@@ -129,8 +129,6 @@ def write_events(
     number = 0
     for batch in batches:
         values = _column(batch, "value").to_pylist()
-        if batch.schema.get_field_index(key_column) < 0:
-            raise ValueError(f"the data frame written to a stream needs its routing key column {key_column!r}")
         keys = _column(batch, key_column).cast(pa.string()).to_pylist()
         for value, key in zip(values, keys, strict=True):
             if value is None:
@@ -138,8 +136,9 @@ def write_events(
             number += 1
             payload = value.encode() if isinstance(value, str) else bytes(value)
             streams.write_transaction_event(
-                target.scope, target.stream, txid, payload, routing_key=key, writer_id=writer, event_number=number
-            )
+                target.scope, target.stream, txid, payload,
+                routing_key=key, writer_id=writer, event_number=number,
+            )  # fmt: skip
     return number
 
 
