@@ -41,6 +41,10 @@ from there (``SegmentClient``'s routes).
 
 Streaming offsets are ``{"segment name": next offset}``. Writes go through
 transactions (``client.spark_sink``); overwrite is refused: segments only grow.
+
+Streams: the option ``stream`` (``scope/stream``) instead of ``segments`` or
+``segment`` reads a stream between stream cuts and writes to it through
+stream transactions (``client.spark_stream``).
 """
 
 from __future__ import annotations
