@@ -21,6 +21,8 @@ micro-batch is followed by its successors (a merge's once all its
 predecessors are), so one input partition per segment range keeps per-key
 order, micro-batch after micro-batch. A scale between micro-batches, or a
 restart from the checkpoint, resumes at the cut: each event is read once.
+``maxBytesPerTrigger`` does not apply to streams: a micro-batch reads all
+that is available.
 
 Each range is read from the node that served its segment when planned
 (``Segment-Owner``), as segment reads are.

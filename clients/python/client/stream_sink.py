@@ -11,7 +11,9 @@ transaction or micro-batch and the Spark partition) and numbers them from
 transaction, so a task that is tried again, or a micro-batch that runs
 again, adds nothing that its earlier attempt stored, provided the task
 gets the same rows in the same order (Spark's retries of a deterministic
-plan do).
+plan do). A key's rows keep their order within one task; rows of one key
+in several Spark partitions have none between them (repartition by the key
+to keep it).
 
 Batch writes: the driver opens the transaction when the write is planned,
 the tasks write into it, the driver commits it (or aborts it).
