@@ -66,18 +66,22 @@ def fetch(
         if served:
             live.turn = (live.turn + 1) % len(served)
             served = served[live.turn :] + served[: live.turn]
-        events, positions = _read(readers, loaded, live, served, max_bytes, reader)
+        events, positions, ended = _read(readers, loaded, live, served, max_bytes, reader)
         readers.served(live, positions)
         left = deadline - time.monotonic()
-        if events or left <= 0:
+        if events or (left <= 0 and not ended):
             return Fetched(events, positions, None)
+        if ended:
+            continue  # its successors may be this reader's now
         _wait(readers, served, positions, min(left, _TEND_EVERY_S))
 
 
 def _read(
     readers: Readers, loaded: LoadedGroup, live: Live, served: list[str], max_bytes: int, reader: str
-) -> tuple[list[Event], dict[str, int]]:
+) -> tuple[list[Event], dict[str, int], bool]:
+    """Events from the ``served`` segments, the offset after them in each, and whether one ended."""
     state = loaded.state
+    ended = False
     events: list[Event] = []
     positions: dict[str, int] = {}
     budget = max_bytes
@@ -95,8 +99,8 @@ def _read(
         events.extend(found)
         budget -= sum(HEADER_BYTES + len(e.data) for e in found)
         if at_end and offset == committed:
-            _end(readers, loaded, segment, reader)
-    return events, positions
+            ended = _end(readers, loaded, segment, reader) or ended
+    return events, positions, ended
 
 
 def _events_of(
@@ -137,17 +141,18 @@ def _whole(readers: Readers, segment: str, offset: int, wanted: int) -> bytes:
     return b"".join(pieces)
 
 
-def _end(readers: Readers, loaded: LoadedGroup, segment: str, reader: str) -> None:
-    """Record ``segment`` ended (committed to the end of its seal), its ready successors opened."""
+def _end(readers: Readers, loaded: LoadedGroup, segment: str, reader: str) -> bool:
+    """Record ``segment`` ended (committed to the end of its seal), its ready successors opened; whether
+    it was."""
     state = loaded.state
     stream, sid = split_name(segment)
     try:
         stream_state: records.StreamState | None = readers.ctl.touch(state.scope, stream).state
     except SegmentNotFound:
         stream_state = None  # the stream is gone: the segment ends with nothing after it
-    record = None if stream_state is None else stream_state.segments.get(sid)
-    if stream_state is not None and record is not None and record.sealed_in is None and not stream_state.sealing:
-        return  # its scale is not recorded done yet: its successors are not known
+    unknown = stream_state is not None and not stream_state.sealing
+    if unknown and stream_state is not None and stream_state.segments[sid].sealed_in is None:
+        return False  # its scale is not recorded done yet: its successors are not known
 
     def judge(now_loaded: LoadedGroup) -> tuple[str, dict] | None:
         now_state = now_loaded.state
@@ -156,7 +161,8 @@ def _end(readers: Readers, loaded: LoadedGroup, segment: str, reader: str) -> No
         opened = [] if stream_state is None else ready_after(now_state, stream_state, segment)
         return "ended", {"segment": segment, "opened": opened}
 
-    readers.change(state.scope, state.group, judge)
+    after = readers.change(state.scope, state.group, judge)
+    return segment in after.state.done
 
 
 def ready_after(state: groups.GroupState, stream_state: records.StreamState, segment: str) -> list[str]:

@@ -278,7 +278,7 @@ class Readers:
     def commit(
         self, scope: str, group: str, reader: str, generation: int, positions: Mapping[str, int]
     ) -> None:
-        """Commit the reader's positions (of segments it holds; others are left alone); ReaderFenced if stale."""
+        """Commit the reader's positions (of segments it holds; others stay); ReaderFenced if stale."""
         self.tend(scope, group, reader, generation)
         live = self.fetched(scope, group, reader, generation)
 
