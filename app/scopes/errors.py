@@ -47,10 +47,8 @@ class GroupNotFound(SegmentNotFound):
     """No such reader group, or checkpoint of one (404, code ``SegmentNotFound``)."""
 
 
-class GroupConflict(SegstoreError):
-    """A create of an existing reader group with other streams or another lease (409)."""
-
-    code = "ReaderGroupConflict"
+class GroupConflict(StreamConflict):
+    """A create of an existing reader group with other streams or another lease (409 ``StreamConflict``)."""
 
 
 class ReaderFenced(SegstoreError):

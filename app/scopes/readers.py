@@ -348,10 +348,10 @@ class Readers:
             by_stream.setdefault(stream, []).append((sid, offset))
         return True, {stream: records.Cut(tuple(sorted(p))) for stream, p in by_stream.items()}
 
-    def reset(self, scope: str, group: str, start: Mapping[str, Any]) -> None:
-        """Fence every reader and start the group again at ``start`` (``{stream: cut}``; others at head)."""
+    def reset(self, scope: str, group: str, start: str | Mapping[str, Any]) -> None:
+        """Fence every reader and start the group again at ``start`` (as ``create`` takes it)."""
         state = self.log.load(scope, group).state
-        unknown = sorted(set(start) - set(state.streams))
+        unknown = sorted(set(start) - set(state.streams)) if isinstance(start, Mapping) else []
         if unknown:
             raise InvalidArgument(f"reader group {scope}/{group} does not read stream(s) {unknown}")
         positions: dict[str, int] = {}
