@@ -58,7 +58,8 @@ def _positions(value: Any) -> dict[str, int]:
         raise InvalidArgument("positions must be an object {segment name: offset}")
     found = {}
     for name, offset in value.items():
-        number = params.json_int({name: offset}, f"the position of {name}"[:80], minimum=0)
+        what = f"the position of {name}"[:80]
+        number = params.json_int({what: offset}, what, minimum=0)
         assert number is not None
         found[str(name)] = number
     return found
