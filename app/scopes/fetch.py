@@ -19,6 +19,7 @@ then:
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from client.events import HEADER_BYTES
 from engine import SegmentNotFound, SegmentTruncated
 
 _TEND_EVERY_S = 0.25
+_LENGTH = struct.Struct(">I").unpack_from  # a frame's length prefix (client/events.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +42,35 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
-class Fetched:
-    """What a fetch answers: events, each served segment's offset after them, a checkpoint id or None."""
+class Chunk:
+    """Whole events of one segment as stored (length-prefixed frames), from ``offset``."""
 
-    events: list[Event]
+    segment: str
+    offset: int
+    data: bytes
+
+    def events(self) -> list[Event]:
+        found, position = [], 0
+        while position < len(self.data):
+            size = int.from_bytes(self.data[position : position + HEADER_BYTES], "big")
+            start = position + HEADER_BYTES
+            found.append(Event(self.segment, self.offset + position, self.data[start : start + size]))
+            position = start + size
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What a fetch answers: chunks of events, each served segment's offset after them, a checkpoint id
+    or None."""
+
+    chunks: list[Chunk]
     positions: dict[str, int]
     checkpoint: str | None
+
+    @property
+    def events(self) -> list[Event]:
+        return [event for chunk in self.chunks for event in chunk.events()]
 
 
 def fetch(
@@ -66,11 +91,11 @@ def fetch(
         if served:
             live.turn = (live.turn + 1) % len(served)
             served = served[live.turn :] + served[: live.turn]
-        events, positions, ended = _read(readers, loaded, live, served, max_bytes, reader)
+        chunks, positions, ended = _read(readers, loaded, live, served, max_bytes, reader)
         readers.served(live, positions)
         left = deadline - time.monotonic()
-        if events or (left <= 0 and not ended):
-            return Fetched(events, positions, None)
+        if chunks or (left <= 0 and not ended):
+            return Fetched(chunks, positions, None)
         if ended:
             continue  # its successors may be this reader's now
         _wait(readers, served, positions, min(left, _TEND_EVERY_S))
@@ -78,11 +103,11 @@ def fetch(
 
 def _read(
     readers: Readers, loaded: LoadedGroup, live: Live, served: list[str], max_bytes: int, reader: str
-) -> tuple[list[Event], dict[str, int], bool]:
+) -> tuple[list[Chunk], dict[str, int], bool]:
     """Events from the ``served`` segments, the offset after them in each, and whether one ended."""
     state = loaded.state
     ended = False
-    events: list[Event] = []
+    chunks: list[Chunk] = []
     positions: dict[str, int] = {}
     budget = max_bytes
     for segment in served:
@@ -92,42 +117,42 @@ def _read(
             positions[segment] = offset
             continue
         try:
-            found, offset, at_end = _events_of(readers, segment, offset, budget, not events)
+            chunk, at_end = _chunk_of(readers, segment, offset, budget, not chunks)
         except SegmentNotFound:
-            found, at_end = [], True
+            chunk, at_end = None, True
+        if chunk is not None:
+            chunks.append(chunk)
+            offset = chunk.offset + len(chunk.data)
+            budget -= len(chunk.data)
         positions[segment] = offset
-        events.extend(found)
-        budget -= sum(HEADER_BYTES + len(e.data) for e in found)
         if at_end and offset == committed:
             ended = _end(readers, loaded, segment, reader) or ended
-    return events, positions, ended
+    return chunks, positions, ended
 
 
-def _events_of(
+def _chunk_of(
     readers: Readers, segment: str, offset: int, budget: int, at_least_one: bool
-) -> tuple[list[Event], int, bool]:
-    """Whole events of ``segment`` from ``offset`` within ``budget`` bytes (one more if ``at_least_one``);
-    returns them, the offset after them, and whether the segment is sealed and read to its end."""
+) -> tuple[Chunk | None, bool]:
+    """Whole events of ``segment`` from ``offset`` within ``budget`` bytes (one more if ``at_least_one``),
+    None for none; and whether the segment is sealed and read to its end."""
     store = readers.ctl.store
-    events: list[Event] = []
     try:
         read = store.read(segment, offset, budget, anywhere=True)
     except SegmentTruncated:
         offset = store.info(segment, anywhere=True).start_offset
         read = store.read(segment, offset, budget, anywhere=True)
     data = read.data
-    position = 0
-    while len(data) - position >= HEADER_BYTES:
-        size = int.from_bytes(data[position : position + HEADER_BYTES], "big")
-        end = position + HEADER_BYTES + size
-        if end > len(data):
-            if events or not at_least_one:
+    position, size = 0, len(data)
+    while size - position >= HEADER_BYTES:
+        end = position + HEADER_BYTES + _LENGTH(data, position)[0]
+        if end > size:
+            if position or not at_least_one:
                 break
-            data = data[:position] + _whole(readers, segment, offset + len(data), end - len(data))
-        events.append(Event(segment, offset + position, data[position + HEADER_BYTES : end]))
+            data = data + _whole(readers, segment, offset + size, end - size)
+            size = len(data)
         position = end
-    offset += position
-    return events, offset, read.info.sealed and offset >= read.info.length
+    at_end = read.info.sealed and offset + position >= read.info.length
+    return (Chunk(segment, offset, data[:position]) if position else None), at_end
 
 
 def _whole(readers: Readers, segment: str, offset: int, wanted: int) -> bytes:

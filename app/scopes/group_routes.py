@@ -1,7 +1,10 @@
 """Reader groups under ``/v1/scopes/{scope}/reader-groups/{group}``: HTTP only.
 
 Handlers parse (refusing query parameters and JSON members they do not
-serve), call the reader group layer (``readers``, ``fetch``) and render;
+serve), call the reader group layer (``readers``, ``fetch``) and render; a
+fetch answers JSON (events in base64) or, asked with ``Accept:
+application/octet-stream``, the events' frames as stored after a JSON line
+that places them (no per-event work on either side);
 ``routes`` dispatches to them (``FORMS``). Errors are problem+json through
 app/errors.py; a stale generation is 409 ``ReaderFenced``.
 """
@@ -9,6 +12,7 @@ app/errors.py; a stale generation is 409 ``ReaderFenced``.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +29,8 @@ LEASE_DEFAULT_S = 10.0
 LEASE_MAX_S = 3600.0
 MAX_BYTES_DEFAULT = 1 << 20
 STREAMS_MAX = 100
+JSON = "application/json"
+FRAMES = "application/octet-stream"
 
 
 def _readers() -> Readers:
@@ -142,6 +148,8 @@ def events(scope: str, group: str, reader: str) -> Response:
     limit = _readers().ctl.store.settings.max_read_bytes
     max_bytes = params.int_param(request, "max_bytes", minimum=1, maximum=limit) or MAX_BYTES_DEFAULT
     found = fetch.fetch(_readers(), scope, group, check_part(reader, "reader"), generation, wait_s, max_bytes)
+    if request.accept_mimetypes.best_match([JSON, FRAMES]) == FRAMES:
+        return _frames(found)
     return _json({
         "events": [
             {"segment": e.segment, "offset": e.offset, "data": base64.b64encode(e.data).decode()}
@@ -150,6 +158,14 @@ def events(scope: str, group: str, reader: str) -> Response:
         "positions": found.positions,
         "checkpoint": found.checkpoint,
     })  # fmt: skip
+
+
+def _frames(found: fetch.Fetched) -> Response:
+    """The fetch as one JSON line (chunks, positions, checkpoint), then each chunk's frames as stored."""
+    chunks = [[c.segment, c.offset, len(c.data)] for c in found.chunks]
+    head = json.dumps({"chunks": chunks, "positions": found.positions, "checkpoint": found.checkpoint})
+    body = b"".join([head.encode(), b"\n", *(c.data for c in found.chunks)])
+    return Response(body, content_type=FRAMES)
 
 
 def commit(scope: str, group: str, reader: str) -> Response:

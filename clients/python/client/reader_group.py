@@ -3,27 +3,36 @@
 The server assigns the group's segments to its readers, keeps each
 reader's lease and positions, and fences a stale generation (409
 ``ReaderFenced``). ``ReaderGroup`` creates, describes, checkpoints and
-resets a group. ``StreamReader`` joins it and iterates events; before each
-fetch it commits what the previous one served (so an event is delivered
-again only after a crash or a fence: at least once), answers checkpoints
-(their ids are in ``checkpoints``, and ``on_checkpoint`` is called), and,
-once fenced, joins again with a new generation and goes on.
+resets a group. ``StreamReader`` joins it and iterates events; before a
+fetch it commits what the fetches before served, once ``commit_every_s``
+passed since its last commit, or at once when the last fetch brought
+nothing or showed a segment going (the server gives a segment to another
+reader only once its holder committed what it was served of it). So an
+event is delivered again only after a crash or a fence, up to
+``commit_every_s`` of them: at least once. It answers checkpoints (their
+ids are in ``checkpoints``, and ``on_checkpoint`` is called) and, once
+fenced, joins again with a new generation and goes on. Fetches ask for the
+frames form: the events as stored, no base64.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from client.errors import ReaderFenced, SegmentNotFound
+from client.events import HEADER_BYTES
 from client.segment_client import SegmentClient
 from client.stream_client import StreamCut
 
 DEFAULT_WAIT_S = 2.0
+DEFAULT_COMMIT_EVERY_S = 1.0
+FRAMES = "application/octet-stream"
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,18 @@ class ReaderGroup:
         return StreamReader(self, reader_id, **options)
 
 
+def frames_to_events(segment: str, offset: int, data: bytes) -> list[ReadEvent]:
+    """The events of a chunk of frames (4-byte big-endian length, then the payload) read at ``offset``."""
+    found, position = [], 0
+    view = memoryview(data)
+    while position < len(data):
+        size = int.from_bytes(view[position : position + HEADER_BYTES], "big")
+        start = position + HEADER_BYTES
+        found.append(ReadEvent(segment, offset + position, bytes(view[start : start + size])))
+        position = start + size
+    return found
+
+
 def _start_json(start: str | Mapping[str, StreamCut]) -> str | dict[str, Any]:
     if isinstance(start, str):
         return start
@@ -104,8 +125,9 @@ class StreamReader:
     """One reader of a group: iterate it for events; it commits, checkpoints and rejoins by itself.
 
     ``wait_s``: how long a fetch waits for events; ``max_bytes``: a fetch's
-    size; ``on_checkpoint``: called with a checkpoint's id once the reader
-    reached it (everything it yielded before is before the checkpoint).
+    size; ``commit_every_s``: how often positions are committed (0: before
+    every fetch); ``on_checkpoint``: called with a checkpoint's id once the
+    reader reached it (everything it yielded before is before the checkpoint).
     """
 
     def __init__(
@@ -115,40 +137,48 @@ class StreamReader:
         *,
         wait_s: float = DEFAULT_WAIT_S,
         max_bytes: int | None = None,
+        commit_every_s: float = DEFAULT_COMMIT_EVERY_S,
         on_checkpoint: Callable[[str], None] | None = None,
     ) -> None:
         self.group = group
         self.reader_id = reader_id
         self.wait_s = wait_s
         self.max_bytes = max_bytes
+        self.commit_every_s = commit_every_s
         self.on_checkpoint = on_checkpoint
         self.generation: int | None = None
         self.lease_s: float | None = None
         self.checkpoints: list[str] = []
         self.fences = 0  # how many times it found itself fenced and joined again
-        self._served: dict[str, int] = {}  # positions of the last fetch, committed before the next
+        self._served: dict[str, int] = {}  # positions served and not yet committed
+        self._last: dict[str, int] = {}  # the last fetch's positions
+        self._committed_at = time.monotonic()
+        self._commit_now = False  # the last fetch brought nothing, or a segment went
         self._path = f"/readers/{quote(reader_id, safe='')}"
 
     def join(self) -> int:
         """Join (again): a new generation, fencing any older one of this id."""
         doc = self.group._call("POST", "/readers", safe=False, ok=(201,), json={"reader": self.reader_id})
         self.generation, self.lease_s = doc["generation"], doc["lease_s"]
-        self._served = {}
+        self._served, self._last = {}, {}
         return doc["generation"]
 
     def commit(self) -> None:
-        """Commit the positions of the last fetch (what was yielded so far)."""
-        if self.generation is None or not self._served:
-            return
-        body = {"generation": self.generation, "positions": self._served}
-        self.group._call("POST", self._path + "/positions", safe=True, ok=(204,), json=body)
+        """Commit the positions served so far (what was yielded)."""
+        if self.generation is not None and self._served:
+            body = {"generation": self.generation, "positions": self._served}
+            self.group._call("POST", self._path + "/positions", safe=True, ok=(204,), json=body)
+        self._served = {}
+        self._committed_at = time.monotonic()
+        self._commit_now = False
 
     def fetch(self) -> list[ReadEvent]:
-        """Commit the last fetch's positions, then fetch: the events (maybe none). Rejoins once fenced."""
+        """Commit if due (see the module), then fetch: the events (maybe none). Rejoins once fenced."""
         if self.generation is None:
             self.join()
         try:
-            self.commit()
+            if self._commit_now or time.monotonic() - self._committed_at >= self.commit_every_s:
+                self.commit()
             return self._fetch()
         except ReaderFenced:
             self.fences += 1
@@ -156,16 +186,31 @@ class StreamReader:
             return self._fetch()
 
     def _fetch(self) -> list[ReadEvent]:
+        """One fetch, in the frames form (the events as stored, placed by a JSON line before them)."""
         params: dict[str, Any] = {"generation": self.generation, "wait": self.wait_s}
         if self.max_bytes is not None:
             params["max_bytes"] = self.max_bytes
-        doc = self.group._call("GET", self._path + "/events", safe=True, params=params, wait_s=self.wait_s)
-        self._served = doc["positions"]
+        response = self.group.client._request(
+            "GET", self.group.path + self._path + "/events", safe_to_resend=True, wait_s=self.wait_s,
+            params=params, headers={"Accept": FRAMES}, stream=True,
+        )  # fmt: skip
+        with response:
+            body = response.raw.read(decode_content=True)  # one call: ``.content`` joins 10 KiB pieces
+        end = body.index(b"\n")
+        doc = json.loads(body[:end])
+        positions = doc["positions"]
+        self._commit_now = not doc["chunks"] or not set(self._last) <= set(positions)
+        self._served.update(positions)
+        self._last = positions
         if doc["checkpoint"] is not None:
             self.checkpoints.append(doc["checkpoint"])
             if self.on_checkpoint is not None:
                 self.on_checkpoint(doc["checkpoint"])
-        return [ReadEvent(e["segment"], e["offset"], base64.b64decode(e["data"])) for e in doc["events"]]
+        events, at = [], end + 1
+        for segment, offset, length in doc["chunks"]:
+            events.extend(frames_to_events(segment, offset, body[at : at + length]))
+            at += length
+        return events
 
     def __iter__(self) -> Iterator[ReadEvent]:
         """Events, forever (a fetch that brings none waits up to ``wait_s`` and tries again)."""
