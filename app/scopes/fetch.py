@@ -84,7 +84,10 @@ def fetch(
         live = readers.fetched(scope, group, reader, generation)
         pending = state.pending
         if pending is not None and reader in pending.waiting:
-            at = {s: max(state.positions[s], live.fetched.get(s, 0)) for s in state.held_by(reader)}
+            at = {
+                s: max(state.positions[s], live.fetched.get(s, 0), state.releasing.get(s, 0))
+                for s in state.held_by(reader)
+            }  # a segment being given back was served to its releasing offset
             readers.record_checkpoint(scope, group, pending.id, reader, at)
             return Fetched([], at, pending.id)
         served = state.served_to(reader)

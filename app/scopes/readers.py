@@ -70,6 +70,7 @@ class Readers:
         (a stream it does not name starts at its head).
         """
         self.ctl.require_scope(scope)
+        _check_named(start, streams, f"reader group {scope}/{group}")
         positions: dict[str, int] = {}
         done: list[str] = []
         for stream in streams:
@@ -351,9 +352,7 @@ class Readers:
     def reset(self, scope: str, group: str, start: str | Mapping[str, Any]) -> None:
         """Fence every reader and start the group again at ``start`` (as ``create`` takes it)."""
         state = self.log.load(scope, group).state
-        unknown = sorted(set(start) - set(state.streams)) if isinstance(start, Mapping) else []
-        if unknown:
-            raise InvalidArgument(f"reader group {scope}/{group} does not read stream(s) {unknown}")
+        _check_named(start, state.streams, f"reader group {scope}/{group}")
         positions: dict[str, int] = {}
         done: list[str] = []
         for stream in state.streams:
@@ -363,6 +362,13 @@ class Readers:
         self.change(scope, group, lambda _: ("reset", {"positions": positions, "done": done}))
         with self._lock:
             self._live.pop(_record_key(scope, group), None)
+
+
+def _check_named(start: str | Mapping[str, Any], streams: Iterable[str], what: str) -> None:
+    """A start given as cuts names only streams the group reads (400 otherwise)."""
+    unknown = sorted(set(start) - set(streams)) if isinstance(start, Mapping) else []
+    if unknown:
+        raise InvalidArgument(f"{what} does not read stream(s) {unknown}")
 
 
 def _record_key(scope: str, group: str) -> str:

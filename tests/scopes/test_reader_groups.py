@@ -176,3 +176,29 @@ def test_the_record_is_compacted_and_loads_again(
     assert info.start_offset > 0
     fresh = Readers(ctl)
     assert fresh.describe("sc", "g") == readers.describe("sc", "g")
+
+
+def test_a_segment_is_taken_from_its_reader_before_another_gets_it(
+    ctl: Controller, readers: Readers, numbers: events.WriterNumbers
+) -> None:
+    make_stream(ctl, 2)
+    _write(ctl, numbers, 0, 0.5, "low")
+    _write(ctl, numbers, 0.5, 1, "high")
+    readers.create("sc", "g", ["st"], "head", 10)
+    gen_a, _ = readers.join("sc", "g", "a")
+    served = _fetch(readers, "a", gen_a)
+    assert len(served.events) == 2
+    gen_b, _ = readers.join("sc", "g", "b")
+    doc = readers.describe("sc", "g")
+    releasing = doc["readers"][0]["releasing"]
+    assert len(releasing) == 1 and doc["readers"][1]["segments"] == {}
+    assert _fetch(readers, "b", gen_b).events == []  # not b's until a commits what it was served
+    checkpoint, _ = readers.start_checkpoint("sc", "g")
+    assert _fetch(readers, "a", gen_a).positions == served.positions  # the released one at its served offset
+    _fetch(readers, "b", gen_b)
+    assert readers.checkpoint("sc", "g", checkpoint)[0]
+    readers.commit("sc", "g", "a", gen_a, served.positions)
+    readers.tend("sc", "g")
+    doc = readers.describe("sc", "g")
+    assert doc["readers"][1]["segments"] == {releasing[0]: served.positions[releasing[0]]}
+    assert _fetch(readers, "b", gen_b).events == []  # nothing served twice
