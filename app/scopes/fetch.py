@@ -79,29 +79,41 @@ def fetch(
     """Serve the reader; see the module."""
     deadline = time.monotonic() + wait_s
     while True:
-        loaded = readers.tend(scope, group, reader, generation)
-        state = loaded.state
-        live = readers.fetched(scope, group, reader, generation)
-        pending = state.pending
-        if pending is not None and reader in pending.waiting:
-            at = {
-                s: max(state.positions[s], live.fetched.get(s, 0), state.releasing.get(s, 0))
-                for s in state.held_by(reader)
-            }  # a segment being given back was served to its releasing offset
-            readers.record_checkpoint(scope, group, pending.id, reader, at)
-            return Fetched([], at, pending.id)
-        served = state.served_to(reader)
-        if served:
-            live.turn = (live.turn + 1) % len(served)
-            served = served[live.turn :] + served[: live.turn]
-        chunks, positions, ended = _read(readers, loaded, live, served, max_bytes, reader)
-        readers.served(live, positions)
+        with readers.lock(scope, group):
+            found = _serve(readers, scope, group, reader, generation, max_bytes)
+        if isinstance(found, Fetched):
+            return found
+        chunks, positions, ended = found
         left = deadline - time.monotonic()
         if chunks or (left <= 0 and not ended):
             return Fetched(chunks, positions, None)
         if ended:
             continue  # its successors may be this reader's now
-        _wait(readers, served, positions, min(left, _TEND_EVERY_S))
+        _wait(readers, list(positions), positions, min(left, _TEND_EVERY_S))
+
+
+def _serve(
+    readers: Readers, scope: str, group: str, reader: str, generation: int, max_bytes: int
+) -> Fetched | tuple[list[Chunk], dict[str, int], bool]:
+    """One pass under the group's lock: the checkpoint answer, or what ``_read`` found (recorded)."""
+    loaded = readers.tend(scope, group, reader, generation)
+    state = loaded.state
+    live = readers.fetched(scope, group, reader, generation)
+    pending = state.pending
+    if pending is not None and reader in pending.waiting:
+        at = {
+            s: max(state.positions[s], live.fetched.get(s, 0), state.releasing.get(s, 0))
+            for s in state.held_by(reader)
+        }  # a segment being given back was served to its releasing offset
+        readers.record_checkpoint(scope, group, pending.id, reader, at)
+        return Fetched([], at, pending.id)
+    served = state.served_to(reader)
+    if served:
+        live.turn = (live.turn + 1) % len(served)
+        served = served[live.turn :] + served[: live.turn]
+    chunks, positions, ended = _read(readers, loaded, live, served, max_bytes, reader)
+    readers.served(live, positions)
+    return chunks, positions, ended
 
 
 def _read(

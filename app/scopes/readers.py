@@ -59,6 +59,14 @@ class Readers:
         self.log = GroupLog(ctl.store)
         self._live: dict[str, dict[str, Live]] = {}
         self._lock = threading.Lock()
+        self._group_locks: dict[str, threading.RLock] = {}
+
+    def lock(self, scope: str, group: str) -> threading.RLock:
+        """The group's lock in this process: held by a fetch from choosing what to serve to recording
+        what it served, and by ``tend``, so a segment is never taken back on an old idea of how far
+        its reader was served (a fetch's reads may wait on another node)."""
+        with self._lock:
+            return self._group_locks.setdefault(_record_key(scope, group), threading.RLock())
 
     # ------------------------------------------------------------ the group
     def create(
@@ -172,6 +180,10 @@ class Readers:
     ) -> LoadedGroup:
         """The group with expired readers recorded and segments given and released; then, for ``reader``,
         its generation checked (ReaderFenced) and its lease renewed."""
+        with self.lock(scope, group):
+            return self._tend(scope, group, reader, generation)
+
+    def _tend(self, scope: str, group: str, reader: str | None, generation: int | None) -> LoadedGroup:
         record = _record_key(scope, group)
         while True:
             loaded = self.log.load(scope, group)
