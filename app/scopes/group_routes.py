@@ -75,8 +75,13 @@ def _start(value: Any, what: str) -> str | dict[str, Any]:
     if value in ("head", "tail"):
         return str(value)
     if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
-        for stream in value:
+        for stream, cut in value.items():
             check_part(stream, "stream")
+            positions = cut.get("positions")
+            if isinstance(positions, dict):  # JSON's 1.0 is an integer too
+                cut["positions"] = {
+                    k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in positions.items()
+                }
         return value
     raise InvalidArgument(f'{what} is "head", "tail" or {{stream: {{"positions": {{id: offset}}}}}}')
 
@@ -146,7 +151,7 @@ def events(scope: str, group: str, reader: str) -> Response:
     http = current_app.extensions["segstore.http"]
     wait_s = params.seconds_param(request, "wait", maximum=http.stream_long_poll_s) or 0.0
     limit = _readers().ctl.store.settings.max_read_bytes
-    max_bytes = params.int_param(request, "max_bytes", minimum=1, maximum=limit) or MAX_BYTES_DEFAULT
+    max_bytes = min(params.int_param(request, "max_bytes", minimum=1) or MAX_BYTES_DEFAULT, limit)
     found = fetch.fetch(_readers(), scope, group, check_part(reader, "reader"), generation, wait_s, max_bytes)
     if request.accept_mimetypes.best_match([JSON, FRAMES]) == FRAMES:
         return _frames(found)

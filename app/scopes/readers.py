@@ -377,10 +377,10 @@ class Readers:
 
 
 def _check_named(start: str | Mapping[str, Any], streams: Iterable[str], what: str) -> None:
-    """A start given as cuts names only streams the group reads (400 otherwise)."""
+    """A start given as cuts names only streams the group reads (404 otherwise: no such stream in it)."""
     unknown = sorted(set(start) - set(streams)) if isinstance(start, Mapping) else []
     if unknown:
-        raise InvalidArgument(f"{what} does not read stream(s) {unknown}")
+        raise GroupNotFound(f"{what} reads no stream {unknown}")
 
 
 def _record_key(scope: str, group: str) -> str:
