@@ -3,6 +3,7 @@
 ``native`` (``/v1/segments``), ``scopes`` (streams of parallel segments,
 ``/v1/scopes``), ``streams`` (Durable Streams, ``/v1/stream``) and ``s3``
 (path-style S3 at the root) each map their protocol onto segments;
+``console`` (``/console/``) is a page in the browser over the public API;
 ``auth``, ``errors``, ``ops``, ``inputs``, ``params``, ``periodic`` and
 ``http_chunked`` are the HTTP helpers they share.
 
@@ -29,7 +30,20 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     """
     # The surfaces come with the app, not with the package: gunicorn's arbiter reads app.settings
     # (deploy/gunicorn.conf.py) before gevent patches the worker, so it must not import clients of ssl.
-    from app import auth, errors, forwarding, http_chunked, inputs, native, ops, peer, s3, scopes, streams
+    from app import (
+        auth,
+        console,
+        errors,
+        forwarding,
+        http_chunked,
+        inputs,
+        native,
+        ops,
+        peer,
+        s3,
+        scopes,
+        streams,
+    )
     from app.native import subject as native_subject
     from app.s3 import subject as s3_subject
     from app.scopes import subject as scopes_subject
@@ -55,6 +69,7 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     native.init_app(app)
     scopes.init_app(app, store)
     streams.init_app(app, store)
+    app.register_blueprint(console.bp)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)

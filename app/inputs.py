@@ -14,7 +14,7 @@ from flask import request
 from engine import InvalidArgument, InvalidName, PayloadTooLarge, SegstoreError
 
 _READ_PIECE_BYTES = 64 * 1024
-# A refused body up to this size is read and dropped before the answer, so the client, still
+# A refused body declared up to this size is read and dropped before the answer, so the client, still
 # sending, reads the 413 instead of a reset; gunicorn would drain it only within its keep-alive
 # timeout (2 s), which a slow sender misses. A larger one is refused with the connection closed.
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
@@ -50,10 +50,10 @@ def read_body(
     """Read a request body of at most ``max_bytes`` without ever holding more than that.
 
     A declared ``Content-Length`` over the limit is refused without keeping
-    any of it; a chunked body is read in pieces and refused as soon as it
+    any of it (read and dropped first, up to ``_DRAIN_MAX_BYTES``); a chunked
+    body, whose end nobody knows, is read in pieces and refused as soon as it
     passes the limit. ``too_large`` is the error raised then (413 for
-    appends, the only bodies docs/api.md "Appends" lets be large); the rest
-    of a refused body is read and dropped first (up to ``_DRAIN_MAX_BYTES``).
+    appends, the only bodies docs/api.md "Appends" lets be large).
     """
     if content_length is not None and content_length > max_bytes:
         _drain(stream, content_length)
@@ -67,21 +67,16 @@ def read_body(
         pieces.append(piece)
         total += len(piece)
     if total > max_bytes:
-        _drain(stream, None)
         raise too_large(f"{what} is over the limit of {max_bytes} bytes")
     return b"".join(pieces)
 
 
-def _drain(stream: IO[bytes], content_length: int | None) -> None:
-    """Read and drop the rest of a refused body, unless it is (or turns out) larger than the cap."""
-    if content_length is not None and content_length > _DRAIN_MAX_BYTES:
+def _drain(stream: IO[bytes], content_length: int) -> None:
+    """Read and drop a refused body of a declared length, unless it is larger than the cap."""
+    if content_length > _DRAIN_MAX_BYTES:
         return
-    dropped = 0
-    while dropped <= _DRAIN_MAX_BYTES:
-        piece = stream.read(_READ_PIECE_BYTES)
-        if not piece:
-            return
-        dropped += len(piece)
+    while stream.read(_READ_PIECE_BYTES):
+        pass
 
 
 def plain_body_length(environ: dict[str, Any], max_bytes: int) -> int | None:

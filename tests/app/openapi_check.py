@@ -250,8 +250,8 @@ def registered_routes(app: Flask) -> list[Route]:
     """
     routes = []
     for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static" or rule.endpoint.startswith("s3."):
-            continue  # the S3-compatible surface is S3's API, not part of openapi.yaml
+        if rule.endpoint == "static" or rule.endpoint.startswith(("s3.", "console.")):
+            continue  # S3's API and the console's page and assets are not part of openapi.yaml
         methods = frozenset(rule.methods or ()) - {"HEAD", "OPTIONS"}
         if rule.endpoint == _SCOPES_ENDPOINT:
             for form, handlers in scopes_routes._FORMS.items():
