@@ -4,6 +4,7 @@ say (each checked against the spec), what is refused, and access by the group's 
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,28 @@ def test_a_group_is_created_read_through_and_deleted(stream: FlaskClient) -> Non
     assert client.delete(f"{GROUP}/readers/r1?generation={again}").status_code == 204
     assert client.delete(GROUP).status_code == 204
     assert_problem(client.get(GROUP), 404, "SegmentNotFound")
+
+
+def test_a_fetch_answers_the_frames_as_stored_when_asked(stream: FlaskClient) -> None:
+    client = stream
+    assert client.put(GROUP, json={"streams": ["st"]}).status_code == 201
+    generation = client.post(f"{GROUP}/readers", json={"reader": "r"}).get_json()["generation"]
+    answer = client.get(
+        f"{GROUP}/readers/r/events?generation={generation}", headers={"Accept": "application/octet-stream"}
+    )
+    assert answer.status_code == 200 and answer.content_type == "application/octet-stream"
+    body = answer.get_data()
+    head, _, frames = body.partition(b"\n")
+    doc = json.loads(head)
+    assert doc["checkpoint"] is None and sum(length for _, _, length in doc["chunks"]) == len(frames)
+    payloads = []
+    while frames:
+        size = int.from_bytes(frames[:4], "big")
+        payloads.append(frames[4 : 4 + size])
+        frames = frames[4 + size :]
+    assert sorted(payloads) == [b"e0", b"e1", b"e2", b"e3"]
+    for segment, offset, length in doc["chunks"]:
+        assert doc["positions"][segment] == offset + length
 
 
 def test_what_is_not_served_is_refused(stream: FlaskClient) -> None:
