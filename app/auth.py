@@ -29,7 +29,9 @@ its whole ``prefix``: a grant whose prefix starts the requested one
 (``/v1/scopes/...``) is judged by the name ``{scope}/{stream}/`` for a
 stream's requests and ``{scope}/`` for a scope's, so a grant on
 ``{scope}/{stream}`` covers the stream and its data segments
-(``{scope}/{stream}/{id}``); the scope listing needs read on every name. A surface adds the other names
+(``{scope}/{stream}/{id}``); a reader group's by ``{scope}/reader-groups/{group}/``
+(read for GET, so a reader's fetch; write otherwise), and its create needs
+read on each stream it names; the scope listing needs read on every name. A surface adds the other names
 a request touches (``add_touches``): the native surface a merge's source,
 Durable Streams a fork's source; this module imports no surface.
 ``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
@@ -268,7 +270,10 @@ def judge(app: Flask, environ: dict[str, Any]) -> None:
         require(principal, Access.READ, "", "list scopes")
         return
     if path.startswith(_SCOPES + "/"):
-        require(principal, Access.READ if method in ("GET", "HEAD") else Access.WRITE, _scoped_name(path))
+        scoped = _scoped_name(path)
+        require(principal, Access.READ if method in ("GET", "HEAD") else Access.WRITE, scoped)
+        if method == "PUT" and "/reader-groups/" in scoped:
+            _require_streams_read(principal, environ, scoped.partition("/")[0])
         return
     for route in _NAMED_ROUTES:
         if path.startswith(route):
@@ -284,11 +289,22 @@ def judge(app: Flask, environ: dict[str, Any]) -> None:
 
 
 def _scoped_name(path: str) -> str:
-    """The name a ``/v1/scopes/...`` request is judged by: ``{scope}/{stream}/``, or ``{scope}/``."""
+    """The name a ``/v1/scopes/...`` request is judged by: ``{scope}/{stream}/``,
+    ``{scope}/reader-groups/{group}/``, or ``{scope}/``."""
     parts = path.removeprefix(_SCOPES + "/").split("/")
     if len(parts) >= 3 and parts[1] == "streams":
         return f"{parts[0]}/{parts[2].partition(':')[0]}/"
+    if len(parts) >= 3 and parts[1] == "reader-groups":
+        return f"{parts[0]}/reader-groups/{parts[2].partition(':')[0]}/"
     return f"{parts[0]}/"
+
+
+def _require_streams_read(principal: Principal, environ: dict[str, Any], scope: str) -> None:
+    """A reader group's create also needs read on each stream it names (its readers read them)."""
+    streams = peek_json_member(environ, "streams")
+    for stream in streams if isinstance(streams, list) else []:
+        if isinstance(stream, str):
+            require(principal, Access.READ, f"{scope}/{stream}/", f"read stream {scope}/{stream}")
 
 
 def _native_check() -> None:

@@ -71,6 +71,7 @@ STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "StreamNotSealed": (409, "Stream not sealed"),
     "ScaleConflict": (409, "Scale conflict"),
     "TransactionNotOpen": (409, "Transaction not open"),
+    "ReaderFenced": (409, "Reader fenced"),
 }
 
 

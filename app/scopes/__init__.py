@@ -7,8 +7,11 @@ Controller)"). The mapping onto segments is Flask-free and tested on a bare
 its fold), ``log`` (reading and appending records), ``controller`` (scopes
 and streams), ``steps`` (what a record leaves pending, finished),
 ``scaling``, ``autoscale``, ``events``, ``transactions``, ``cuts``,
-``keeper`` (the background task), ``errors``, ``subject``. The HTTP side is
-``routes``.
+``keeper`` (the background task), ``errors``, ``subject``; reader groups
+(docs/design.md "Reader groups"): ``groups`` (a group's record and its
+fold), ``group_log``, ``readers`` (membership, leases, assignment,
+commits, checkpoints), ``fetch``. The HTTP side is ``routes`` and
+``group_routes``.
 """
 
 from app.scopes.routes import init_app

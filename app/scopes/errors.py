@@ -41,3 +41,20 @@ class TransactionNotOpen(SegstoreError):
     """An event, commit or abort the transaction's state refuses: committed, aborted, expired (409)."""
 
     code = "TransactionNotOpen"
+
+
+class GroupNotFound(SegmentNotFound):
+    """No such reader group, or checkpoint of one (404, code ``SegmentNotFound``)."""
+
+
+class GroupConflict(StreamConflict):
+    """A create of an existing reader group with other streams or another lease (409 ``StreamConflict``)."""
+
+
+class ReaderFenced(SegstoreError):
+    """A reader's generation is not the live one: it left, was replaced or its lease ran out (409).
+
+    Its fetches and commits change nothing; it joins again for a new generation.
+    """
+
+    code = "ReaderFenced"

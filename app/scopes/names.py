@@ -8,6 +8,7 @@
 - A stream's record is ``#scopes/streams/<scope>/<stream>``, hashed by
   ``<scope>/<stream>`` (``engine/naming.py`` ``subject_of``), so every
   request of a stream is about one container.
+- A reader group's record is ``#scopes/groups/<scope>/<group>``.
 - Its data segments are ordinary segments ``<scope>/<stream>/<id>``.
 - A stream transaction keeps its events for data segment ``s`` in
   ``#scopes/txns/<hex>``, a name drawn to hash into ``s``'s container, so
@@ -25,6 +26,7 @@ _PART = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}")
 SCOPES = reserve("scopes")
 SCOPE_MARKERS = SCOPES.prefix("scopes")
 STREAM_RECORDS = SCOPES.prefix("streams")
+GROUP_RECORDS = SCOPES.prefix("groups")
 
 
 def check_part(value: str, what: str) -> str:
@@ -42,6 +44,11 @@ def scope_marker(scope: str) -> str:
 
 def stream_record(scope: str, stream: str) -> str:
     return SCOPES.name("streams", f"{scope}/{stream}")
+
+
+def group_record(scope: str, group: str) -> str:
+    """A reader group's record, hashed by ``<scope>/<group>`` like a stream's."""
+    return SCOPES.name("groups", f"{scope}/{group}")
 
 
 def stream_of_record(record: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""Everything under ``/v1/scopes``: scopes, streams, segments, events, scaling, cuts, transactions. HTTP only.
+"""Everything under ``/v1/scopes``: scopes, streams, segments, events, scaling, cuts, transactions, reader
+groups (their handlers in ``group_routes``). HTTP only.
 
 One rule takes every path and method under ``/v1/scopes/`` and this module
 dispatches on the path's form and the method (a custom method follows a
@@ -27,11 +28,12 @@ from werkzeug.routing import BaseConverter, Rule
 from app import ops, params
 from app.errors import InvalidHeader, method_not_allowed, segment_headers
 from app.inputs import read_body
-from app.scopes import cuts, events, ranges, records, scaling, transactions
+from app.scopes import cuts, events, group_routes, ranges, records, scaling, transactions
 from app.scopes.controller import Controller
 from app.scopes.errors import StreamNotFound
 from app.scopes.keeper import Keeper
 from app.scopes.names import check_part, segment_name
+from app.scopes.readers import Readers
 from client.events import HEADER_BYTES
 from client.routing import header_key
 from engine import InvalidArgument, SegmentStore
@@ -56,17 +58,19 @@ bp.record_once(lambda state: state.app.url_map.converters.update(scopes_path=Sco
 
 @dataclass(frozen=True)
 class Layer:
-    """The stream layer of one app: its controller, the writers' numbers it remembers, its keeper."""
+    """The stream layer of one app: its controller, the writers' numbers it remembers, its keeper, and
+    the reader groups it serves."""
 
     ctl: Controller
     numbers: events.WriterNumbers
     keeper: Keeper
+    readers: Readers
 
 
 def init_app(app: Flask, store: SegmentStore) -> None:
     """Build the stream layer over ``store``, start its keeper and register the routes."""
     ctl = Controller(store, app.extensions["segstore.http"])
-    layer = Layer(ctl, events.WriterNumbers(store), Keeper(ctl))
+    layer = Layer(ctl, events.WriterNumbers(store), Keeper(ctl), Readers(ctl))
     layer.keeper.start()
     app.extensions["scopes"] = layer
     app.register_blueprint(bp)
@@ -361,8 +365,9 @@ _FORMS: dict[str, dict[str, Handler]] = {
     "{scope}/streams/{stream}/transactions/{txid}/events": {"POST": write_transaction_event},
     "{scope}/streams/{stream}/transactions/{txid}:commit": {"POST": commit_transaction},
     "{scope}/streams/{stream}/transactions/{txid}:abort": {"POST": abort_transaction},
+    **group_routes.FORMS,
 }
-_NAMED = {"{scope}": "scope", "{stream}": "stream"}
+_NAMED = {"{scope}": "scope", "{stream}": "stream", "{group}": "reader group", "{reader}": "reader"}
 
 
 def _match(form: str, parts: list[str]) -> list[str] | None:

@@ -1,7 +1,8 @@
 """The segment a ``/v1/scopes`` request is about, read from its WSGI environ: where a cluster sends it.
 
 A stream's requests (``/v1/scopes/{scope}/streams/{stream}...``) go to its
-record's container; a scope's (``/v1/scopes/{scope}``, its stream listing)
+record's container, a reader group's (``.../reader-groups/{group}...``) to
+its record's; a scope's (``/v1/scopes/{scope}``, its stream listing)
 to its marker's. The scope listing has no subject: any node answers it.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.scopes.names import scope_marker, stream_record
+from app.scopes.names import group_record, scope_marker, stream_record
 from engine import InvalidName
 
 _PREFIX = "/v1/scopes/"
@@ -27,6 +28,8 @@ def request_subject(environ: dict[str, Any]) -> str | None:
     try:
         if len(parts) >= 3 and parts[1] == "streams":
             return stream_record(parts[0], parts[2].partition(":")[0])
+        if len(parts) >= 3 and parts[1] == "reader-groups":
+            return group_record(parts[0], parts[2].partition(":")[0])
         return scope_marker(parts[0])
     except InvalidName:
         return None

@@ -43,7 +43,7 @@ _NAME_PARAMETER = "name"
 _TEMPLATE_PART = re.compile(r"\{([^}]+)\}")
 _SEGMENT_ENDPOINT = "segments.segment"
 _SCOPES_ENDPOINT = "scopes.dispatch"
-_SCOPES_SAMPLES = {"scope": "sc", "stream": "st", "segment": "0"}
+_SCOPES_SAMPLES = {"scope": "sc", "stream": "st", "segment": "0", "group": "g", "reader": "r"}
 _SAMPLE_NAME = "scope/stream/0"
 _SAMPLE_ID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
@@ -256,7 +256,7 @@ def registered_routes(app: Flask) -> list[Route]:
         if rule.endpoint == _SCOPES_ENDPOINT:
             for form, handlers in scopes_routes._FORMS.items():
                 path = f"{scopes_routes.PREFIX}/{form}"
-                sample = path.format(**_SCOPES_SAMPLES, txid=_SAMPLE_ID)
+                sample = path.format(**_SCOPES_SAMPLES, txid=_SAMPLE_ID, checkpoint=_SAMPLE_ID)
                 routes.append(Route(path, frozenset(handlers), sample))
             continue
         example = _example_path(rule)

@@ -26,8 +26,8 @@ out (``filter_case``, honoured by the coverage, fuzzing and stateful phases).
 
 Two more kinds are left out, for the run's sake, not the contract's:
 
-- tail reads that may wait longer than ``_WAIT_MAX_S`` (up to 60 s each;
-  tests/app/test_reads.py times the waits);
+- tail reads and reader group fetches that may wait longer than
+  ``_WAIT_MAX_S`` (up to 60 s each; tests/app/test_reads.py times the waits);
 - requests the tool calls valid although a header breaks its documented
   ``pattern``: schemathesis 4.32's coverage phase cannot write a header
   value with characters other than letters and digits (a UUID's ``-``), and
@@ -86,6 +86,13 @@ def _read_segment(case: Any) -> bool:
     except (TypeError, ValueError):
         long_wait = False
     return not ranged and not long_wait
+
+
+def _fetch_events(case: Any) -> bool:
+    try:
+        return float((case.query or {}).get("wait", 0)) <= _WAIT_MAX_S
+    except (TypeError, ValueError):
+        return True  # malformed: a 400 the tool expects
 
 
 def _read_stream(case: Any) -> bool:
@@ -159,6 +166,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], bool]] = {
     ("PUT", _SCOPED): _create_scoped_stream,
     ("POST", f"{_SCOPED}/events"): _stream_event,
     ("POST", f"{_SCOPED}/transactions/{{txid}}/events"): _stream_event,
+    ("GET", "/v1/scopes/{scope}/reader-groups/{group}/readers/{reader}/events"): _fetch_events,
 }
 
 

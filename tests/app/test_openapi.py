@@ -91,7 +91,8 @@ def test_every_concrete_path_maps_to_one_documented_path() -> None:
 # ------------------------------------------------------- routes against the app
 def _example(template: str) -> str:
     return template.format(
-        name=NAME, writer_id=WRITER, txid=WRITER, op="list", scope="sc", stream="st", segment="0"
+        name=NAME, writer_id=WRITER, txid=WRITER, op="list", scope="sc", stream="st", segment="0",
+        group="g", reader="r", checkpoint=WRITER,
     )
 
 

@@ -215,3 +215,31 @@ def test_scope_and_stream_verbs(
     assert b"SegmentNotFound" in capsysbinary.readouterr().err
     with pytest.raises(SystemExit):  # argparse: a usage error
         main(["--endpoint", server.url, "stream", "info", "no-slash"])
+
+
+def test_group_verbs(
+    server: ServerProcess,
+    client: SegmentClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    def run(*args: str) -> str:
+        assert main(["--endpoint", server.url, *args]) == 0
+        return capsysbinary.readouterr().out.decode()
+
+    stream = f"cli/{uuid.uuid4().hex[:8]}"
+    group = f"cli/g{uuid.uuid4().hex[:8]}"
+    run("scope", "create", "cli")
+    run("stream", "create", stream, "--segments", "2")
+    _stdin(monkeypatch, b"one\ntwo\nthree\n")
+    run("stream", "write", stream)
+    made = json.loads(run("group", "create", group, "--streams", stream.split("/")[1], "--lease", "5"))
+    assert made["lease_s"] == 5.0 and len(made["unassigned"]) == 2
+    read = run("group", "read", group, "--reader", "r", "--wait", "0.2")
+    assert sorted(read.split()) == ["one", "three", "two"]
+    assert json.loads(run("group", "info", group))["unassigned"] != {}  # r left: its segments wait
+    run("group", "reset", group, "head")
+    assert len(run("group", "read", group, "--reader", "r", "--count", "2").split()) == 2
+    run("group", "rm", group)
+    assert main(["--endpoint", server.url, "group", "info", group]) == 1
+    assert b"SegmentNotFound" in capsysbinary.readouterr().err

@@ -7,7 +7,8 @@ Segments: ``ls``, ``info``, ``cat``, ``tail [-f]``, ``put``, ``create``,
 (a writer id's last event number) and ``tx open|append|info|commit|abort``
 (transactions). Streams (a stream is named ``SCOPE/STREAM``): ``scope
 create|ls`` and ``stream create|info|ls|seal|rm|segments|successors|scale|
-cut|truncate|write``.
+cut|truncate|write``; reader groups (``SCOPE/GROUP``): ``group
+create|info|rm|read|checkpoint|reset`` (``cli_groups``).
 
 The endpoint comes from ``--endpoint``, else ``SEGSTORE_ENDPOINT``, else
 http://127.0.0.1:8080; the token from ``--token``, else ``SEGSTORE_TOKEN``.
@@ -31,6 +32,7 @@ import argcomplete
 import requests
 from tqdm import tqdm
 
+from client import cli_groups
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError, Unauthorized
 from client.results import SegmentInfo
 from client.segment_client import SegmentClient
@@ -138,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     stream_command("write", _stream_write, "write each line of stdin as one event").add_argument(
         "--key", default=None, help="routing key of every event (default: random per event)"
     )
+    cli_groups.add_commands(commands, command)
     return parser
 
 

@@ -118,6 +118,10 @@ class TransactionNotOpen(SegstoreClientError):
     """409: an event, commit or abort the stream transaction's state refuses."""
 
 
+class ReaderFenced(SegstoreClientError):
+    """409: a reader generation that is not the live one (it left, was replaced or its lease ran out)."""
+
+
 ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
     cls.__name__: cls
     for cls in (
@@ -143,6 +147,7 @@ ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
         StreamNotSealed,
         ScaleConflict,
         TransactionNotOpen,
+        ReaderFenced,
     )
 }
 
