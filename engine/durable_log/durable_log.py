@@ -7,10 +7,11 @@ before it, the durable log applies the batch to the metadata, the read index
 and the in-memory operation log (``OperationLog``, which the storage writer
 reads).
 
-Checkpoints: every start, and after ``checkpoint_every_bytes`` of log, a
-batch begins with a ``MetadataCheckpoint``. Recovery replays from the first
-checkpoint in the log; Tier 1 is truncated at the newest checkpoint below
-the storage writer's lowest unflushed sequence number.
+Checkpoints: every start, and after ``checkpoint_every_bytes`` of log,
+``checkpoint_every_operations`` operations or ``checkpoint_every_s``
+seconds, a batch begins with a ``MetadataCheckpoint``. Recovery replays from
+the first checkpoint in the log; Tier 1 is truncated at the newest
+checkpoint below the storage writer's lowest unflushed sequence number.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class DurableLog:
             raise
         self._apply([checkpoint])
         self._checkpointed(checkpoint.seq, address)
-        self.processor.bytes_since_checkpoint = 0
+        self.processor.count_from_checkpoint()
 
     def _checkpointed(self, seq: int, address: int) -> None:
         """A checkpoint is durable at frame ``address``: Tier 1 may later be truncated there."""
