@@ -39,12 +39,13 @@ class ClusterNode:
         failed: Callable[[int], bool] = lambda container: False,
         clock: Callable[[], float] | None = None,
         metrics: ClusterMetrics | None = None,
+        released: Callable[[int], None] = lambda container: None,
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, metrics=metrics, **extra,
+            lease_s=lease_s, metrics=metrics, released=released, **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,6 +79,10 @@ class ClusterNode:
 
     def holds(self, container: int) -> bool:
         return self.coordinator.holds(container)
+
+    def nudge(self) -> None:
+        """Run a round now: another node released a container."""
+        self.coordinator.nudge()
 
     def unreachable(self, node: str) -> None:
         """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""

@@ -108,7 +108,7 @@ class ContainerHosting:
         self._node = ClusterNode.on_s3(
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
-            failed=self._hosted_failed, metrics=self._cluster_metrics,
+            failed=self._hosted_failed, metrics=self._cluster_metrics, released=self._released,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
@@ -128,6 +128,11 @@ class ContainerHosting:
         self._by_id[container_id] = container
         self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         threading.Thread(target=self._record_once_ready, args=(container, claimed_at), daemon=True).start()
+
+    def _released(self, container_id: int) -> None:
+        """This node handed ``container_id`` over: the others run a round, and its next owner claims it."""
+        if self._wide is not None:
+            self._wide.nudge()
 
     def _record_once_ready(self, container: SegmentContainer, claimed_at: float) -> None:
         container.wait_started()

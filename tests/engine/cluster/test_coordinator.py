@@ -385,27 +385,64 @@ def test_two_nodes_on_s3_split_the_containers_and_one_takes_all_when_the_other_l
     assert set(nodes[1].view().owners.values()) == {"b"}
 
 
-def test_a_round_long_enough_to_let_leases_run_out_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    """Such rounds let leases run out while the node lives: the log says why containers moved."""
+def test_renewals_slow_enough_to_let_leases_run_out_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Such renewals let leases run out while the node lives: the log says why containers moved."""
     cluster = Cluster(4)
     node = cluster.add("a")
     stop = threading.Event()
 
-    ticks = [LEASE_S * 0.45, LEASE_S * 0.5]  # the margin: 0.8 lease less a third, about 0.47 lease
+    passes = [LEASE_S * 0.45, LEASE_S * 0.5]  # the margin: 0.8 lease less a third, about 0.47 lease
 
-    def slow_tick() -> None:
-        cluster.clock.now += ticks.pop(0)
-        if not ticks:
+    def slow_renewals() -> None:
+        cluster.clock.now += passes.pop(0)
+        if not passes:
             stop.set()
 
-    node.tick = slow_tick  # type: ignore[method-assign]
+    node.renew = slow_renewals  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="engine.cluster.coordinator"):
-        node.run(stop)
-    (record,) = caplog.records  # the second round only
+        node._run_renewals(stop)
+    (record,) = caplog.records  # the second pass only
     assert record.getMessage().startswith(
-        f"node a: a cluster round took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
+        f"node a: renewing its leases took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
         f"runs out {LEASE_S * 0.8:.1f} s after its renewal began"
     )
+
+
+class StalledListings(MemoryRegisters):
+    """A bucket whose listings (a round's first step) wait while ``stalled`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = threading.Event()
+        self.released = threading.Event()
+
+    def names(self, prefix: str) -> list[str]:
+        if self.stalled.is_set():
+            self.released.wait(10)
+        return super().names(prefix)
+
+
+def test_renewals_never_wait_behind_a_round() -> None:
+    registers = StalledListings()
+    lease_s = 0.3
+    node = Coordinator(registers, node_id="a", url="http://a", container_count=4,
+                       host=Host("a", registers), lease_s=lease_s)
+    node.join()
+    node.tick()
+    assert node.held() == [0, 1, 2, 3]
+    registers.stalled.set()  # every round from now on waits for its listing
+    stop = threading.Event()
+    runner = threading.Thread(target=node.run, args=(stop,))
+    runner.start()
+    try:
+        until = time.monotonic() + 6 * lease_s
+        while time.monotonic() < until:
+            assert node.held() == [0, 1, 2, 3]
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        registers.released.set()
+        runner.join()
 
 
 class SlowReads(MemoryRegisters):
