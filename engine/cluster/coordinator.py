@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 _READERS = 16
 # Rounds per lease: how soon a node sees a lease change (a release, a claim, a lease running out).
 _ROUNDS_PER_LEASE = 6
+# About how long a container takes to recover once claimed (its log since a checkpoint, a few
+# seconds of writes at most), for the Retry-After of the requests refused meanwhile.
+RECOVERY_S = 1.0
 
 
 class ClusterMismatch(Exception):
@@ -162,27 +165,32 @@ class Coordinator:
         """Note that ``node`` could not be reached just now (a request to it was refused)."""
         self._unreachable[node] = self.clock()
 
-    def describe(self, container: int) -> str:
-        """Who serves ``container`` as far as this node knows, for the answer to a request it refuses.
+    def describe(self, container: int) -> tuple[str, float]:
+        """Who serves ``container`` as far as this node knows, and about how long until it serves again.
 
+        For the answer to a request this node refuses (its ``Retry-After``).
         An owner this node could not reach within the last lease is gone for
         the container until its lease runs out (its last renewal, as this node
-        saw it, plus ``lease_s``): another node claims it then.
+        saw it, plus ``lease_s``): another node claims it then and recovers it
+        (``RECOVERY_S``, which checkpoints bound: docs/cluster.md).
         """
         if self.holds(container):
-            return f"container {container}: node {self.node_id} took it over and is recovering it"
+            return f"container {container}: node {self.node_id} took it over and is recovering it", RECOVERY_S
         lease = self._leases.get(container)
+        claimed = self.round_every_s + RECOVERY_S
         if lease is None or lease[0].owner is None:
             every = f"{self.round_every_s:.1f} s"
-            return f"container {container}: no node holds it; the next round (every {every}) claims it"
+            why = f"container {container}: no node holds it; the next round (every {every}) claims it"
+            return why, claimed
         owner, now = lease[0].owner, self.clock()
         age = self._observer.age(lease_register_name(container), now) or 0.0
         if age >= self.lease_s:
-            return f"container {container}: node {owner}'s lease ran out; the next round claims it"
+            return f"container {container}: node {owner}'s lease ran out; the next round claims it", claimed
         if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
             left = math.ceil(self.lease_s - age)
-            return f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
-        return f"container {container} is served by node {owner}"
+            why = f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
+            return why, self.lease_s - age + RECOVERY_S
+        return f"container {container} is served by node {owner}", RECOVERY_S
 
     # ------------------------------------------------------------ joining and leaving
     def join(self) -> None:

@@ -88,8 +88,8 @@ class ClusterNode:
         """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""
         self.coordinator.unreachable(node)
 
-    def describe(self, container: int) -> str:
-        """Who serves ``container``, or what a takeover of it waits for (``Coordinator.describe``)."""
+    def describe(self, container: int) -> tuple[str, float]:
+        """Who serves ``container``, or what a takeover of it waits for, and for about how long."""
         return self.coordinator.describe(container)
 
     def start(self) -> None:

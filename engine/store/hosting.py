@@ -277,7 +277,8 @@ class ContainerHosting:
     def _served(self, container_id: int) -> SegmentContainer:
         container = self._by_id.get(container_id)
         if container is None or (self._node is not None and not self._node.holds(container_id)):
-            raise ContainerNotReady(self._elsewhere(container_id))
+            why, wait_s = self._elsewhere(container_id)
+            raise ContainerNotReady(why, retry_after_s=wait_s)
         return container
 
     def _source(self, name: str) -> cross_container.Source:
@@ -307,9 +308,10 @@ class ContainerHosting:
         if self._node is not None:
             self._node.unreachable(node)
 
-    def _elsewhere(self, container_id: int) -> str:
+    def _elsewhere(self, container_id: int) -> tuple[str, float]:
+        """Why ``container_id`` is not served here, and about how long until it is served again."""
         if self._node is None:
-            return f"container {container_id} is not served here"
+            return f"container {container_id} is not served here", 1.0
         return self._node.describe(container_id)
 
     def container_of(self, name: str) -> int:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from engine.cluster.coordinator import ClusterMismatch, Coordinator
+from engine.cluster.coordinator import RECOVERY_S, ClusterMismatch, Coordinator
 from engine.cluster.records import LeaseRecord
 from engine.cluster.registers import MemoryRegisters, Register, RegisterError, S3Registers
 from engine.metrics import ClusterMetrics
@@ -158,24 +158,27 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
 
 
-def test_a_dead_owners_container_says_what_its_takeover_waits_for() -> None:
+def test_a_dead_owners_container_says_what_its_takeover_waits_for_and_how_long() -> None:
     cluster = Cluster(3)
     for node in ("a", "b", "c"):
         cluster.add(node)
     cluster.rounds(10)
     (lost,) = cluster.nodes["b"].held()
-    assert cluster.nodes["a"].describe(lost) == f"container {lost} is served by node b"
-    assert cluster.nodes["b"].describe(lost) == f"container {lost}: node b took it over and is recovering it"
+    assert cluster.nodes["a"].describe(lost) == (f"container {lost} is served by node b", RECOVERY_S)
+    assert cluster.nodes["b"].describe(lost) == (
+        f"container {lost}: node b took it over and is recovering it", RECOVERY_S
+    )
     cluster.rounds(2, ["a", "c"])  # b is dead: its lease keeps its version
     cluster.nodes["a"].unreachable("b")  # a request forwarded to it was refused
-    said = cluster.nodes["a"].describe(lost)
+    said, wait_s = cluster.nodes["a"].describe(lost)
     assert said.startswith(f"container {lost}: waiting for node b's lease to run out, about ")
     left = int(said.split("about ")[1].split(" s")[0])
     assert 0 < left < LEASE_S
+    assert left - 1 < wait_s - RECOVERY_S <= left  # the Retry-After: the lease's rest, then a recovery
     cluster.rounds(3, ["a", "c"])
     (taker,) = [node for node in ("a", "c") if lost in cluster.nodes[node].held()]
     other = "a" if taker == "c" else "c"
-    assert cluster.nodes[other].describe(lost) == f"container {lost} is served by node {taker}"
+    assert cluster.nodes[other].describe(lost)[0] == f"container {lost} is served by node {taker}"
     assert cluster.metric(taker, "segstore_cluster_takeovers_total", lease="expired") == 1
     assert cluster.metric(taker, "segstore_cluster_leases_held") == 2
     assert cluster.metric(taker, "segstore_cluster_lease_renewals_total") > 0
