@@ -106,9 +106,7 @@ class Forwarding:
         retrying = False
         while True:
             if self.store.container_ready(container):
-                if body is not None:
-                    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
-                return self.app(environ, start_response)
+                return self._here(environ, start_response, body)
             owner = self.store.owner_of(subject)
             if owner is not None and forwarded:
                 return self.app(environ, start_response)  # never a second hop: 503 naming the owner
@@ -126,9 +124,16 @@ class Forwarding:
                     if not retrying:  # sent again to the next owner, within one more takeover wait
                         retrying, deadline = True, time.monotonic() + self.takeover_wait_s
             left = deadline - time.monotonic()
-            if left <= 0:
-                return self.app(environ, start_response)  # the surface answers 503 with Retry-After
+            if left <= 0:  # the surface answers 503 with Retry-After
+                return self._here(environ, start_response, body)
             time.sleep(min(_POLL_S, left))
+
+    def _here(self, environ: dict[str, Any], start_response: Callable[..., Any],
+              body: bytes | None) -> Iterable[bytes]:
+        """Answer the request on this node, with its body as read for forwarding if it was."""
+        if body is not None:
+            environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        return self.app(environ, start_response)
 
     def _repeatable(self, environ: dict[str, Any]) -> bool:
         """Whether the request may be sent again after its owner failed: a read, or a deduplicated append."""

@@ -276,6 +276,24 @@ def test_a_deduplicated_append_whose_owner_fails_during_it_is_sent_to_the_next_o
     next_owner.server_close()
 
 
+def test_a_deduplicated_append_answered_here_after_its_owner_failed_keeps_its_body() -> None:
+    store = FakeStore(wait_s=0.3, ready_at=None)
+    store.owner = ("a", "http://127.0.0.1:9")  # refuses: the request waits, then this node answers
+    request = environ("/v1/segments/x", "POST", Writer_Id=str(uuid.UUID(int=1)), Event_Number="3")
+    request["wsgi.input"], request["CONTENT_LENGTH"] = io.BytesIO(b"event"), "5"
+    read: list[bytes] = []
+
+    def here(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        read.append(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
+        start_response("503 SERVICE UNAVAILABLE", [])
+        return [b""]
+
+    Forwarding(here, store, SUBJECTS, takeover_wait_s=store.wait_s)(  # type: ignore[arg-type]
+        request, lambda status, headers: None
+    )
+    assert read == [b"event"]
+
+
 @pytest.mark.parametrize(
     ("method", "status", "code"),
     [("GET", "200 OK", None), ("POST", "502 BAD GATEWAY", "OutcomeUnknown")],
