@@ -33,6 +33,7 @@ import itertools
 import os
 import random
 import re
+import shutil
 import signal
 import threading
 import time
@@ -192,6 +193,10 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             for writer in writers:
                 writer.join(60)
         operations, rates = _recoveries(workdir)
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            for log in workdir.glob("*.log"):
+                shutil.copy(log, Path(args.logs) / log.name)
     doc: dict[str, Any] = {
         "lease_s": args.lease_s, "containers": args.containers, "kills": args.kills,
         "pauses": args.pauses, "pause_s": args.pause_s, "answers": dict(statuses),
@@ -233,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--between-s", type=float, default=2.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--logs", default=None, help="copy the nodes' and moto's logs to this folder")
     parser.add_argument("--dir", default=None, help="parent of the temporary folder")
     args = parser.parse_args(argv)
     return run_in_workdir("segstore-failover-", args.dir, lambda w: measure(args, w), render, args.json)

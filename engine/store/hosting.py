@@ -135,9 +135,16 @@ class ContainerHosting:
             self._wide.nudge()
 
     def _record_once_ready(self, container: SegmentContainer, claimed_at: float) -> None:
+        """Once recovered: the takeover's time, the store record, and the other nodes told to look.
+
+        They run a round at once and forward the container's requests here,
+        instead of at their next round.
+        """
         container.wait_started()
         if container.ready:
             self._cluster_metrics.takeover_seconds.observe(time.monotonic() - claimed_at)
+            if self._wide is not None:
+                self._wide.nudge()
             self._folder.write_record()
 
     def _hosted_failed(self, container_id: int) -> bool:
