@@ -102,6 +102,7 @@ class ClusterNode:
     def stop(self, *, hand_over: bool = True) -> None:
         """Stop the rounds; hand every container over cleanly unless told not to."""
         self._stop.set()
+        self.coordinator.nudge()  # the round waiting for its next turn ends now
         if self._thread is not None:
             self._thread.join(30)
         if hand_over:

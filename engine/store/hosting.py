@@ -66,6 +66,7 @@ class ContainerHosting:
         self._wide: ClusterWide | None = None
         self._peer_transport = peer_transport
         self._host_serial: dict[int, int] = {}
+        self._hosting = threading.Lock()  # a container's start (rounds) against another's stop (stops)
         self._hosted = 0
         self._started = threading.Event()
         self._announcer: threading.Thread | None = None
@@ -123,10 +124,11 @@ class ContainerHosting:
         claimed_at = time.monotonic()
         container = self._build_container(container_id)
         container.start()
-        self._hosted += 1
-        self._host_serial[container_id] = self._hosted
-        self._by_id[container_id] = container
-        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        with self._hosting:
+            self._hosted += 1
+            self._host_serial[container_id] = self._hosted
+            self._by_id[container_id] = container
+            self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         threading.Thread(target=self._record_once_ready, args=(container, claimed_at), daemon=True).start()
 
     def _released(self, container_id: int) -> None:
@@ -154,8 +156,9 @@ class ContainerHosting:
 
     def _unhost(self, container_id: int) -> None:
         """Stop serving a container: no new requests, those in flight finish, its log closes."""
-        container = self._by_id.pop(container_id, None)
-        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        with self._hosting:
+            container = self._by_id.pop(container_id, None)
+            self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         if container is not None:
             container.close()
 

@@ -85,6 +85,7 @@ class Cluster:
         self.hosts: dict[str, Host] = {}
         self.cuts: dict[str, Cut] = {}
         self.registries: dict[str, CollectorRegistry] = {}
+        self.released: list[tuple[str, int]] = []  # (node, container) each hand-over announced
 
     def add(self, node: str) -> Coordinator:
         cut = Cut(self.registers)
@@ -93,6 +94,7 @@ class Cluster:
         coordinator = Coordinator(
             cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
             lease_s=LEASE_S, clock=self.clock, metrics=ClusterMetrics(self.registries[node]),
+            released=lambda container: self.released.append((node, container)),
         )
         coordinator.join()
         self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
@@ -260,6 +262,7 @@ def test_a_joining_node_gets_its_share_by_graceful_handover() -> None:
     assert counts(cluster.held(), ["a", "b", "c"]) == [2, 2, 2]
     assert cluster.owned_once_by(["a", "b", "c"])
     assert stopped_while_leased and all(stopped_while_leased)
+    assert len(cluster.released) == len(stopped_while_leased)  # each announced: c claims it at once
     # handed over, not expired: the newcomer has its share well before a lease could run out twice
     assert cluster.clock.now - joined_at <= 10 * LEASE_S / 3
 
