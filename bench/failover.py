@@ -20,7 +20,12 @@ Figures, each min / median / max over the faults:
   back by graceful hand-overs; for each container that moved then, the
   longest time without an acknowledged append around its move;
 - **recovery**: operations replayed and operations replayed per second, from
-  the nodes' "operations replayed" log lines.
+  the nodes' "operations replayed" log lines (with moto, most of a recovery
+  is its fixed cost: the Tier 1 fence, listings, the new epoch's checkpoint);
+- **replay**: in this process, a container's Tier 1 log held in memory with
+  ``--replay-ops`` single-byte appends and no checkpoint since the start, then
+  its recovery: operations replayed per second, what the log's length costs
+  apart from reading it.
 
 Also counted: answers by status over the whole run (200, 503, 502...).
 """
@@ -40,15 +45,23 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import requests
+from prometheus_client import CollectorRegistry
 
 from bench.common import Spread, progress, run_in_workdir
 from bench.local_cluster import LocalCluster, owners, wait_for
+from engine import SegmentStore
+from engine.config import Settings
+from engine.container.segment_container import SegmentContainer
+from engine.metrics import EngineMetrics
 from engine.naming import container_for
+from engine.tier1.memory_log import MemoryDataLog
+from engine.tier2.memory import MemoryChunkStorage
 
 _REPLAYED = re.compile(r"(\d+) operations replayed in ([\d.]+)s")
 _RETRY_S = 0.02
@@ -193,19 +206,48 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             for writer in writers:
                 writer.join(60)
         operations, rates = _recoveries(workdir)
+        doc_replay = measure_replay(args.replay_ops) if args.replay_ops else None
         if args.logs:
             Path(args.logs).mkdir(parents=True, exist_ok=True)
             for log in workdir.glob("*.log"):
                 shutil.copy(log, Path(args.logs) / log.name)
     doc: dict[str, Any] = {
         "lease_s": args.lease_s, "containers": args.containers, "kills": args.kills,
-        "pauses": args.pauses, "pause_s": args.pause_s, "answers": dict(statuses),
+        "pauses": args.pauses, "pause_s": args.pause_s, "answers": dict(statuses), "replay": doc_replay,
     }
     for key, values in found.items():
         doc[key] = asdict(Spread.of(values)) if values else None
     doc["recovery_operations"] = asdict(Spread.of(operations)) if operations else None
     doc["recovery_operations_per_s"] = asdict(Spread.of(rates)) if rates else None
     return doc
+
+
+def measure_replay(operations: int) -> dict[str, float]:
+    """Seconds and operations/s of the recovery of ``operations`` appends held in a memory Tier 1."""
+    settings = Settings(
+        data_dir="unused", container_count=1, checkpoint_every_bytes=1 << 40,
+        checkpoint_every_operations=1 << 40, checkpoint_every_s=1e9, flush_threshold_ms=1 << 30,
+        flush_threshold_bytes=1 << 40, tier1_backlog_max_bytes=1 << 40,
+    )
+    data_log, storage = MemoryDataLog(max_frame_bytes=settings.max_frame_bytes), MemoryChunkStorage()
+
+    def store_on(log: MemoryDataLog) -> SegmentStore:
+        container = SegmentContainer(0, settings, log, storage, EngineMetrics(CollectorRegistry()))
+        return SegmentStore(settings, containers=[container])
+
+    store = store_on(data_log)
+    store.start(wait=True)
+    store.create("replayed")
+    with ThreadPoolExecutor(16) as pool:  # group commits of several appends, as under load
+        list(pool.map(lambda _: [store.append("replayed", b"x") for _ in range(operations // 16)], range(16)))
+    store.close()
+    store = store_on(data_log.reopen())
+    began = time.monotonic()
+    store.start(wait=True)
+    took = time.monotonic() - began
+    assert store.info("replayed").length == operations // 16 * 16
+    store.close()
+    return {"operations": operations // 16 * 16, "seconds": took, "per_s": operations // 16 * 16 / took}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -225,6 +267,10 @@ def render(doc: dict[str, Any]) -> str:
             values = (spread["min"], spread["median"], spread["max"])
             lines.append(f"  {label:<16}    min / median / max: " + " / ".join(fmt.format(v) for v in values))
     lines.append("  answers: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["answers"].items())))
+    if doc.get("replay"):
+        replay = doc["replay"]
+        lines.append(f"  replay of {replay['operations']:,} operations held in memory: "
+                     f"{replay['seconds']:.2f} s, {replay['per_s']:,.0f} operations/s")
     return "\n".join(lines)
 
 
@@ -237,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--containers", type=int, default=6)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--between-s", type=float, default=2.0)
+    parser.add_argument("--replay-ops", type=int, default=100_000, help="0: no replay measure")
     parser.add_argument("--json", default=None)
     parser.add_argument("--logs", default=None, help="copy the nodes' and moto's logs to this folder")
     parser.add_argument("--dir", default=None, help="parent of the temporary folder")
