@@ -362,10 +362,10 @@ class Coordinator:
         nodes: dict[str, NodeRecord] = {}
         leases: dict[int, tuple[LeaseRecord, str]] = {}
         names = self.registers.names(node_prefix()) + self.registers.names(lease_prefix())
-        for name, register in zip(names, self._read_all(names), strict=True):
+        for name, (register, read_at) in zip(names, self._read_all(names), strict=True):
             if register is None:
                 continue
-            self._observer.saw(name, register.version, self.clock())
+            self._observer.saw(name, register.version, read_at)
             if (node := parse_node_register_name(name)) is not None:
                 nodes[node] = NodeRecord.decode(name, register.data)
                 continue
@@ -375,15 +375,22 @@ class Coordinator:
         self._observer.forget(set(names))
         return _Observed(nodes, leases)
 
-    def _read_all(self, names: list[str]) -> list[Register | None]:
-        """The registers of ``names``, read at once: a round waits about one read, not one per register.
+    def _read_all(self, names: list[str]) -> list[tuple[Register | None, float]]:
+        """The registers of ``names``, each with when its read ended, read at once.
 
-        A slow bucket would otherwise stretch the round by every read, and with
-        it the time until this node sees a lease change.
+        A round waits about one read, not one per register: a slow bucket
+        would otherwise stretch it by every read, and with it the time until
+        this node sees a lease change. Each version counts as seen when its
+        own read ended (after the write that made it began, as staleness
+        needs), not when the slowest read of the round did.
         """
+        def read(name: str) -> tuple[Register | None, float]:
+            register = self.registers.read(name)
+            return register, self.clock()
+
         if len(names) <= 1:
-            return [self.registers.read(name) for name in names]
-        return list(self._readers.map(self.registers.read, names))
+            return [read(name) for name in names]
+        return list(self._readers.map(read, names))
 
     def _balance(self, seen: _Observed) -> None:
         self._leases = seen.leases
