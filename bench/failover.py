@@ -130,8 +130,11 @@ def _settle(cluster: LocalCluster, writers: list[Writer], timeout_s: float) -> N
 def _fault(cluster: LocalCluster, writers: list[Writer], victim: str, kind: str, args: argparse.Namespace,
            found: dict[str, list[float]]) -> None:
     others = [n for n in cluster.nodes if n != victim]
-    before = _owners(cluster, others)
+    before = _owners(cluster, [victim])  # what it serves now, as it says: another's view may lag
     moved = [w for w, owner in zip(writers, before, strict=True) if owner == victim]
+    if not moved:
+        progress(f"node {victim} serves no container now: no fault")
+        return
     server = cluster.nodes[victim]
     assert server.proc is not None
     at = time.monotonic()
