@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps
+.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps browser-deps console-screenshot
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -48,10 +48,20 @@ lint: $(VENV)/.test
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-# Two workers: the tests that start processes run on one of them, one at a time and in order
-# (tests/conftest.py), while the others share the second core.
-test: lint
-	$(BIN)/pytest -q -n 2 --dist loadgroup
+# The console's browser tests drive Debian's Chromium: installed with apt when missing (sudo unless root).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser-deps:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	else $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver; fi
+
+# docs/console.png, the README's picture of the console: a node with sample data, photographed.
+console-screenshot: $(VENV)/.test browser-deps
+	$(BIN)/python -m bench.console docs/console.png
+
+# Two workers, each taking a whole module of the tests that start processes at a time
+# (tests/conftest.py); the slowest tests are named at the end, to keep the suite within 15 minutes.
+test: lint browser-deps
+	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=25
 
 # The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
 test-fast: $(VENV)/.test

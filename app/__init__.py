@@ -1,9 +1,11 @@
-"""segstore's HTTP layer: a Flask app over one ``SegmentStore``, with three protocol surfaces.
+"""segstore's HTTP layer: a Flask app over one ``SegmentStore``, with its protocol surfaces.
 
-``native`` (``/v1/segments``), ``streams`` (Durable Streams, ``/v1/stream``)
-and ``s3`` (path-style S3 at the root) each map their protocol onto
-segments; ``auth``, ``errors``, ``ops``, ``inputs`` and ``http_chunked``
-are the HTTP helpers they share.
+``native`` (``/v1/segments``), ``scopes`` (streams of parallel segments,
+``/v1/scopes``), ``streams`` (Durable Streams, ``/v1/stream``) and ``s3``
+(path-style S3 at the root) each map their protocol onto segments;
+``console`` (``/console/``) is a page in the browser over the public API;
+``auth``, ``errors``, ``ops``, ``inputs``, ``params``, ``periodic`` and
+``http_chunked`` are the HTTP helpers they share.
 
 ``create_app`` builds the store inside the calling process (a gunicorn
 worker, a test), starts its recovery in the background and serves requests
@@ -28,9 +30,23 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     """
     # The surfaces come with the app, not with the package: gunicorn's arbiter reads app.settings
     # (deploy/gunicorn.conf.py) before gevent patches the worker, so it must not import clients of ssl.
-    from app import auth, errors, forwarding, http_chunked, inputs, native, ops, peer, s3, streams
+    from app import (
+        auth,
+        console,
+        errors,
+        forwarding,
+        http_chunked,
+        inputs,
+        native,
+        ops,
+        peer,
+        s3,
+        scopes,
+        streams,
+    )
     from app.native import subject as native_subject
     from app.s3 import subject as s3_subject
+    from app.scopes import subject as scopes_subject
     from app.streams import subject as streams_subject
 
     if settings is None:
@@ -51,13 +67,20 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     app.register_blueprint(ops.bp)
     peer.init_app(app, store)  # node-to-node calls of a cluster
     native.init_app(app)
+    scopes.init_app(app, store)
     streams.init_app(app, store)
+    app.register_blueprint(console.bp)
     # Last: its routes take whatever path the native ones leave (path-style S3 at the root).
     s3.init_app(app, store)
     app.after_request(_no_type_without_body)
     # A cluster node passes a request whose subject's container it does not serve to its node,
     # before the append shortcuts (installed by native and streams init_app, inside this layer).
-    subjects = [native_subject.request_subject, streams_subject.request_subject, s3_subject.request_subject]
+    subjects = [
+        native_subject.request_subject,
+        scopes_subject.request_subject,
+        streams_subject.request_subject,
+        s3_subject.request_subject,
+    ]
     app.wsgi_app = forwarding.Forwarding(  # type: ignore[method-assign]
         app.wsgi_app, store, subjects, takeover_wait_s=http.takeover_wait_s
     )

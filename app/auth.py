@@ -25,7 +25,11 @@ that name) need read for GET/HEAD and write for every other method; a
 merge needs write on its target and on its source (the merge deletes the
 source); a stream fork needs read on its source. A listing needs read on
 its whole ``prefix``: a grant whose prefix starts the requested one
-(otherwise 403; listings are not filtered). A surface adds the other names
+(otherwise 403; listings are not filtered). The stream API
+(``/v1/scopes/...``) is judged by the name ``{scope}/{stream}/`` for a
+stream's requests and ``{scope}/`` for a scope's, so a grant on
+``{scope}/{stream}`` covers the stream and its data segments
+(``{scope}/{stream}/{id}``); the scope listing needs read on every name. A surface adds the other names
 a request touches (``add_touches``): the native surface a merge's source,
 Durable Streams a fork's source; this module imports no surface.
 ``/healthz`` and ``/readyz`` are open (probes); ``/metrics`` needs any valid
@@ -61,6 +65,7 @@ _TOUCHES_KEY = "segstore.auth.touches"
 _OPEN_PATHS = ("/healthz", "/readyz")
 # Native routes whose path names a segment (or stream) after the prefix.
 _NAMED_ROUTES = ("/v1/segments/", "/v1/stream/")
+_SCOPES = "/v1/scopes"
 
 
 class Access(enum.IntEnum):
@@ -259,6 +264,12 @@ def judge(app: Flask, environ: dict[str, Any]) -> None:
         prefix = Request(environ, populate_request=False, shallow=True).args.get("prefix", "")
         require(principal, Access.READ, prefix, f"list names starting with {prefix!r}")
         return
+    if path == _SCOPES:
+        require(principal, Access.READ, "", "list scopes")
+        return
+    if path.startswith(_SCOPES + "/"):
+        require(principal, Access.READ if method in ("GET", "HEAD") else Access.WRITE, _scoped_name(path))
+        return
     for route in _NAMED_ROUTES:
         if path.startswith(route):
             name, _, custom = path.removeprefix(route).partition(":")
@@ -270,6 +281,14 @@ def judge(app: Flask, environ: dict[str, Any]) -> None:
     if touches is not None:
         for needed, other, what in touches(environ, method, name, custom):
             require(principal, needed, other, what)
+
+
+def _scoped_name(path: str) -> str:
+    """The name a ``/v1/scopes/...`` request is judged by: ``{scope}/{stream}/``, or ``{scope}/``."""
+    parts = path.removeprefix(_SCOPES + "/").split("/")
+    if len(parts) >= 3 and parts[1] == "streams":
+        return f"{parts[0]}/{parts[2].partition(':')[0]}/"
+    return f"{parts[0]}/"
 
 
 def _native_check() -> None:

@@ -66,6 +66,11 @@ STATUS_BY_CODE: dict[str, tuple[int, str]] = {
     "StreamClosed": (409, "Stream closed"),
     "ProducerSequenceGap": (409, "Producer sequence gap"),
     "StreamGone": (410, "Stream gone"),
+    # Streams (app/scopes): a stream's state refuses the request.
+    "StreamSealed": (409, "Stream sealed"),
+    "StreamNotSealed": (409, "Stream not sealed"),
+    "ScaleConflict": (409, "Scale conflict"),
+    "TransactionNotOpen": (409, "Transaction not open"),
 }
 
 

@@ -1,7 +1,8 @@
 """Request input every surface shares: UTF-8 paths and bounded bodies.
 
-Each surface parses its own headers and parameters (``app/native/params.py``,
-``app/s3``, ``app/streams``); these two rules hold for all of them.
+Each surface parses its own headers and parameters (``app/params.py`` for the
+native and stream APIs, ``app/s3``, ``app/streams``); these two rules hold
+for all of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from flask import request
 from engine import InvalidArgument, InvalidName, PayloadTooLarge, SegstoreError
 
 _READ_PIECE_BYTES = 64 * 1024
+# A refused body declared up to this size is read and dropped before the answer, so the client, still
+# sending, reads the 413 instead of a reset; gunicorn would drain it only within its keep-alive
+# timeout (2 s), which a slow sender misses. A larger one is refused with the connection closed.
+_DRAIN_MAX_BYTES = 64 * 1024 * 1024
 
 
 def path_is_utf8(environ: dict[str, Any]) -> bool:
@@ -44,12 +49,14 @@ def read_body(
 ) -> bytes:
     """Read a request body of at most ``max_bytes`` without ever holding more than that.
 
-    A declared ``Content-Length`` over the limit is refused before reading; a
-    chunked body is read in pieces and refused as soon as it passes the limit.
-    ``too_large`` is the error raised then (413 for appends, the only bodies
-    docs/api.md "Appends" lets be large).
+    A declared ``Content-Length`` over the limit is refused without keeping
+    any of it (read and dropped first, up to ``_DRAIN_MAX_BYTES``); a chunked
+    body, whose end nobody knows, is read in pieces and refused as soon as it
+    passes the limit. ``too_large`` is the error raised then (413 for
+    appends, the only bodies docs/api.md "Appends" lets be large).
     """
     if content_length is not None and content_length > max_bytes:
+        _drain(stream, content_length)
         raise too_large(f"{what} is {content_length} bytes; the limit is {max_bytes} bytes")
     pieces: list[bytes] = []
     total = 0
@@ -62,6 +69,14 @@ def read_body(
     if total > max_bytes:
         raise too_large(f"{what} is over the limit of {max_bytes} bytes")
     return b"".join(pieces)
+
+
+def _drain(stream: IO[bytes], content_length: int) -> None:
+    """Read and drop a refused body of a declared length, unless it is larger than the cap."""
+    if content_length > _DRAIN_MAX_BYTES:
+        return
+    while stream.read(_READ_PIECE_BYTES):
+        pass
 
 
 def plain_body_length(environ: dict[str, Any], max_bytes: int) -> int | None:

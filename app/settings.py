@@ -23,8 +23,12 @@ from engine import InvalidArgument, Settings, read_settings, refuse_negative, re
 
 # host:port (an IPv6 host in brackets), or unix:/path.
 _BIND = re.compile(r"unix:.+|(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):[0-9]{1,5}")
-# Waits that would spin at 0: live streams' keep-alives, Durable Streams long-polls and its reaper.
-_POSITIVE = ("sse_keepalive_s", "stream_long_poll_s", "stream_reap_interval_s")
+# Waits that would spin at 0: live streams' keep-alives, Durable Streams long-polls and its reaper,
+# the stream keeper; rate windows of no time; stream transactions that expire as they begin.
+_POSITIVE = (
+    "sse_keepalive_s", "stream_long_poll_s", "stream_reap_interval_s", "stream_scale_sample_s",
+    "stream_scale_window_s", "stream_transaction_timeout_s", "stream_transaction_timeout_max_s",
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,17 @@ class HttpSettings:
     # expired streams are looked for every stream_reap_interval_s.
     stream_long_poll_s: float = 20.0
     stream_reap_interval_s: float = 1.0
+    # Streams (app/scopes): each process samples the event and byte rates of the stream segments
+    # whose record it serves every stream_scale_sample_s (and finishes what a crash left pending:
+    # scales, commits, expired transactions); auto-scaling judges the rates over
+    # stream_scale_window_s and leaves a segment alone for stream_scale_cooldown_s after its creation.
+    stream_scale_sample_s: float = 10.0
+    stream_scale_window_s: float = 300.0
+    stream_scale_cooldown_s: float = 600.0
+    # A stream transaction expires (is aborted) this long after it opens, unless it asks for
+    # another timeout, at most stream_transaction_timeout_max_s.
+    stream_transaction_timeout_s: float = 120.0
+    stream_transaction_timeout_max_s: float = 600.0
     log_level: str = "info"
     # 1 writes one line per request (gunicorn's access log) to standard output.
     access_log: int = 0
@@ -55,6 +70,15 @@ class HttpSettings:
     def __post_init__(self) -> None:
         refuse_negative(self)
         refuse_zero(self, _POSITIVE)
+        if self.stream_scale_window_s < self.stream_scale_sample_s:
+            raise InvalidArgument(
+                "setting stream_scale_window_s must be at least stream_scale_sample_s: a rate needs "
+                "two samples inside its window"
+            )
+        if self.stream_transaction_timeout_s > self.stream_transaction_timeout_max_s:
+            raise InvalidArgument(
+                "setting stream_transaction_timeout_s must not be more than stream_transaction_timeout_max_s"
+            )
         if _BIND.fullmatch(self.bind) is None or (
             not self.bind.startswith("unix:") and int(self.bind.rpartition(":")[2]) > 65535
         ):

@@ -56,9 +56,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.process)
         if item.get_closest_marker("process") is not None:
-            # Run on two workers (pytest -n 2 --dist loadgroup), the tests that start processes stay on
-            # one of them, one at a time, as a serial run has them: the others share the second core.
-            item.add_marker(pytest.mark.xdist_group("process"))
+            item.add_marker(pytest.mark.xdist_group(process_group(item)))
+
+
+def process_group(item: pytest.Item) -> str:
+    """The xdist group of a test that starts processes (``pytest -n 2 --dist loadgroup``).
+
+    A module's tests form one group (they share module fixtures), which one
+    worker runs in order; each worker takes the next group as it frees up,
+    so two such modules run side by side (one per core), and the tests that
+    start nothing fill the gaps. Spark's tests share one JVM: one group.
+    """
+    module = item.nodeid.split("::", 1)[0]
+    return "spark" if module.startswith("tests/spark/") else module
 
 
 @pytest.hookimpl(hookwrapper=True)

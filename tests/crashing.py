@@ -62,8 +62,13 @@ def crash_everywhere(
     build: Callable[[SegmentStore], None],
     procedure: Callable[[SegmentStore], object],
     check: Callable[[SegmentStore], None],
+    restarted: Callable[[SegmentStore, bool], None] | None = None,
 ) -> int:
-    """Crash ``procedure`` at each step of it in turn (see the module); returns how many steps it has."""
+    """Crash ``procedure`` at each step of it in turn (see the module); returns how many steps it has.
+
+    ``restarted(store, completed)`` looks at the reopened store before the
+    procedure runs again (``completed``: the run it follows met no crash).
+    """
     for steps in itertools.count():  # ends: the procedure has finitely many steps
         settings = settings_for(tmp_path / f"crash-after-{steps}")
         store = open_store(settings)
@@ -82,6 +87,8 @@ def crash_everywhere(
             store.close()
         store = open_store(settings)
         try:
+            if restarted is not None:
+                restarted(store, not crashed)
             procedure(store)
             check(store)
         finally:

@@ -3,8 +3,8 @@
 Every ``sh`` and ``python`` block of README.md is preceded by a marker:
 ``<!-- runnable -->`` (run here, from the repository root, against a fresh
 server; the port the README names, 8080, becomes a free one, since a
-machine running the suite may have 8080 taken) or ``<!-- not run: why
--->``. Shell blocks run under ``bash -e``, Python blocks under this
+machine running the suite may have 8080 taken, and ``/tmp/`` a folder of
+the test's own) or ``<!-- not run: why -->``. Shell blocks run under ``bash -e``, Python blocks under this
 venv's Python; each must exit 0, and they run in the README's order, as a
 reader walks it (a block may use what an earlier one made).
 """
@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,10 +43,19 @@ def runnable() -> list[tuple[str, str]]:
 
 
 def test_every_shell_and_python_block_says_whether_it_runs() -> None:
-    unmarked = [code.splitlines()[0] for marker, lang, code in blocks()
-                if lang in ("sh", "python") and marker != RUNNABLE and not NOT_RUN.fullmatch(marker)]
+    unmarked = [
+        code.splitlines()[0]
+        for marker, lang, code in blocks()
+        if lang in ("sh", "python") and marker != RUNNABLE and not NOT_RUN.fullmatch(marker)
+    ]
     assert unmarked == [], "README blocks with neither <!-- runnable --> nor <!-- not run: why -->"
     assert len(runnable()) >= 10
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the README's blocks write under /tmp/: another run's files there are not theirs."""
+    return tmp_path_factory.mktemp("readme-tmp")
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +77,11 @@ def _id(block: tuple[str, str]) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", runnable(), ids=_id)
-def test_a_runnable_block_runs_as_written(server: ServerProcess, block: tuple[str, str]) -> None:
+def test_a_runnable_block_runs_as_written(
+    server: ServerProcess, scratch: Path, block: tuple[str, str]
+) -> None:
     lang, code = block
-    code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{server.port}", code)
+    code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{server.port}", code).replace("/tmp/", f"{scratch}/")
     command = ["bash", "-e", "-o", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
     environment = _environment(server)
     done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)

@@ -16,9 +16,8 @@ from typing import Any
 
 from flask import Flask
 
-from app import inputs
+from app import inputs, params
 from app.errors import segment_headers
-from app.native import params
 from app.shortcut import WsgiShortcut
 from engine import AppendResult, SegmentNotFound, SegmentStore, validate_segment_name
 

@@ -24,10 +24,10 @@ from flask.blueprints import BlueprintSetupState
 from werkzeug.exceptions import NotFound
 from werkzeug.routing import BaseConverter, Rule
 
-from app import auth, ops
+from app import auth, ops, params
 from app.errors import method_not_allowed, segment_headers
 from app.inputs import read_body
-from app.native import append_shortcut, params, read_shortcut
+from app.native import append_shortcut, read_shortcut
 from app.native.sse import event_stream_response, wants_event_stream
 from app.settings import HttpSettings
 from engine import (

@@ -72,7 +72,8 @@ from engine import (
 REGION = "us-east-1"
 # How long one append of an upload waits out back-pressure before the upload fails (SlowDown).
 THROTTLED_WAIT_MAX_S = 60.0
-RESERVED_BUCKETS = frozenset({"v1", "healthz", "readyz", "metrics"})
+# Paths of segstore itself: the native API, the probes, the metrics and the console.
+RESERVED_BUCKETS = frozenset({"v1", "healthz", "readyz", "metrics", "console"})
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
 _RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")

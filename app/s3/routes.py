@@ -53,10 +53,10 @@ _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 class BucketConverter(BaseConverter):
-    """One path part that is not a reserved name: ``/v1/...``, ``/metrics`` never reach S3 views,
-    so werkzeug answers them (404, or 405 beside a native route) as the native API does."""
+    """One path part that is not a reserved name: ``/v1/...``, ``/metrics``, ``/console/`` never reach
+    S3 views, so werkzeug answers them (404, or 405 beside a native route) as the native API does."""
 
-    regex = r"(?!(?:v1|healthz|readyz|metrics)$)[^/]+"
+    regex = r"(?!(?:v1|healthz|readyz|metrics|console)$)[^/]+"
     part_isolating = True
 
 

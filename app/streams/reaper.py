@@ -9,41 +9,16 @@ again from the restart.
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import TYPE_CHECKING
 
-from engine import SegstoreError
+from app.periodic import Periodic
 
 if TYPE_CHECKING:
     from app.streams.store import StreamStore
 
-log = logging.getLogger(__name__)
 
-
-class Reaper:
+class Reaper(Periodic):
     """Calls ``streams.reap()`` every ``interval_s`` once the store is ready, until stopped."""
 
     def __init__(self, streams: StreamStore, interval_s: float) -> None:
-        self.streams = streams
-        self.interval_s = interval_s
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="stream-reaper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval_s):
-            if not self.streams.store.ready:
-                continue
-            try:
-                self.streams.reap()
-            except SegstoreError as exc:
-                log.info("stream reaper: %s %s", exc.code, exc.detail)
-            except Exception:  # the reaper must outlive a bad record; the next round tries again
-                log.exception("stream reaper failed")
+        super().__init__("stream-reaper", interval_s, streams.store, streams.reap)

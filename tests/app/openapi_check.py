@@ -32,6 +32,7 @@ from werkzeug.routing import Rule, UnicodeConverter
 from werkzeug.test import TestResponse
 
 from app.native import routes as segment_routes
+from app.scopes import routes as scopes_routes
 
 SPEC_FILE = Path(__file__).resolve().parents[2] / "openapi.yaml"
 HTTP_METHODS = ("get", "put", "post", "delete", "head", "patch", "options", "trace")
@@ -41,6 +42,8 @@ PROBLEM_JSON = "application/problem+json"
 _NAME_PARAMETER = "name"
 _TEMPLATE_PART = re.compile(r"\{([^}]+)\}")
 _SEGMENT_ENDPOINT = "segments.segment"
+_SCOPES_ENDPOINT = "scopes.dispatch"
+_SCOPES_SAMPLES = {"scope": "sc", "stream": "st", "segment": "0"}
 _SAMPLE_NAME = "scope/stream/0"
 _SAMPLE_ID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
@@ -83,12 +86,12 @@ def spec_operations() -> list[tuple[str, str]]:
 
 
 def _template_regex(template: str) -> re.Pattern[str]:
-    """A full-match regex for a path template: ``{name}`` stops at ``:``, others at ``/``."""
+    """A full-match regex for a path template: ``{name}`` stops at ``:``, others at ``/`` and ``:``."""
     pattern, position = [], 0
     for match in _TEMPLATE_PART.finditer(template):
         pattern.append(re.escape(template[position : match.start()]))
         parameter = match.group(1)
-        value = "[^:]+" if parameter == _NAME_PARAMETER else "[^/]+"
+        value = "[^:]+" if parameter == _NAME_PARAMETER else "[^/:]+"
         pattern.append(f"(?P<{parameter}>{value})")
         position = match.end()
     pattern.append(re.escape(template[position:]))
@@ -236,18 +239,26 @@ class Route:
 
 
 def registered_routes(app: Flask) -> list[Route]:
-    """The app's url rules (static files aside) and the custom methods of its segment rule.
+    """The app's url rules (static files aside), the custom methods of its segment rule, and
+    the path forms of its stream rule.
 
     The custom methods (``:seal``, ``:writers/{id}``, ``:transactions/{id}/commit``)
-    are dispatched inside one catch-all rule, so they come from the app's
-    dispatch table. Each route has an example path with sample values for its
+    and the stream paths (``/v1/scopes/{scope}/streams/{stream}:scale``) are
+    dispatched inside catch-all rules, so they come from the app's dispatch
+    tables. Each route has an example path with sample values for its
     variables.
     """
     routes = []
     for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static" or rule.endpoint.startswith("s3."):
-            continue  # the S3-compatible surface is S3's API, not part of openapi.yaml
+        if rule.endpoint == "static" or rule.endpoint.startswith(("s3.", "console.")):
+            continue  # S3's API and the console's page and assets are not part of openapi.yaml
         methods = frozenset(rule.methods or ()) - {"HEAD", "OPTIONS"}
+        if rule.endpoint == _SCOPES_ENDPOINT:
+            for form, handlers in scopes_routes._FORMS.items():
+                path = f"{scopes_routes.PREFIX}/{form}"
+                sample = path.format(**_SCOPES_SAMPLES, txid=_SAMPLE_ID)
+                routes.append(Route(path, frozenset(handlers), sample))
+            continue
         example = _example_path(rule)
         routes.append(Route(rule.rule, methods, example))
         if rule.endpoint == _SEGMENT_ENDPOINT:

@@ -14,6 +14,9 @@ operations' descriptions and docs/api.md say:
 - a stream create takes ``Stream-TTL`` or ``Stream-Expires-At``, not both, and
   ``Stream-Fork-Sub-Offset`` only with ``Stream-Forked-From``;
 - an attribute update names each key once;
+- a stream (``/v1/scopes``) has at least ``min_segments`` segments, and a
+  scaling policy other than ``fixed`` needs a ``target`` above 0; a stream
+  event's ``Writer-Id`` and ``Event-Number`` come together;
 - ``Stream-Expires-At`` is a day the calendar has (its pattern lets
   February 30 and the year 0 through).
 
@@ -128,6 +131,23 @@ def _update_attributes(case: Any) -> bool:
     return len(keys) == len(set(map(str, keys)))
 
 
+def _create_scoped_stream(case: Any) -> bool:
+    body = case.body if isinstance(case.body, dict) else {}
+    scaling = body.get("scaling") if isinstance(body.get("scaling"), dict) else {}
+    try:
+        least = int(scaling.get("min_segments", 1))
+        enough = int(body.get("segments", least)) >= least
+        targeted = scaling.get("type", "fixed") == "fixed" or float(scaling.get("target", 0)) > 0
+    except (TypeError, ValueError):
+        return True  # malformed: a 400 the tool expects
+    return enough and targeted
+
+
+def _stream_event(case: Any) -> bool:
+    return _together(case.headers, "Writer-Id", "Event-Number")
+
+
+_SCOPED = "/v1/scopes/{scope}/streams/{stream}"
 _RULES: dict[tuple[str, str], Callable[[Any], bool]] = {
     ("POST", "/v1/segments/{name}"): _append,
     ("POST", "/v1/segments/{name}:transactions/{txid}"): _append,
@@ -136,6 +156,9 @@ _RULES: dict[tuple[str, str], Callable[[Any], bool]] = {
     ("POST", "/v1/stream/{name}"): _append_stream,
     ("PUT", "/v1/stream/{name}"): _create_stream,
     ("POST", "/v1/segments/{name}:attributes"): _update_attributes,
+    ("PUT", _SCOPED): _create_scoped_stream,
+    ("POST", f"{_SCOPED}/events"): _stream_event,
+    ("POST", f"{_SCOPED}/transactions/{{txid}}/events"): _stream_event,
 }
 
 

@@ -151,3 +151,40 @@ def test_a_large_chunk_within_the_bound_is_read_as_usual(server: ServerProcess) 
     answer = send_chunked(server, "POST /v1/segments/chunked/large HTTP/1.1", body, half_close=False)
     assert answer.status == 200, answer
     assert requests.get(url + ":info", timeout=5).json()["length"] == size
+
+
+@pytest.mark.parametrize(
+    ("path", "then"), [("/v1/segments/chunked/over", ":info"), ("/v1/stream/chunked-over", "?offset=-1")]
+)
+def test_a_body_over_the_limit_sent_slowly_gets_its_413(server: ServerProcess, path: str, then: str) -> None:
+    """The server reads a refused body before answering: a slow sender reads its 413, not a reset.
+
+    The body takes longer than gunicorn's keep-alive timeout to arrive; the
+    connection then serves the next request.
+    """
+    create = requests.put(f"{server.url}{path}", headers={"Content-Type": "text/plain"}, timeout=5)
+    assert create.status_code == 201
+    piece, pieces = b"x" * (1024 * 1024), 9  # the limit is 8 MiB
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=ANSWER_WITHIN_S) as sock:
+        sock.sendall(f"{head}Content-Length: {len(piece) * pieces}\r\n\r\n".encode())
+        for _ in range(pieces):
+            sock.sendall(piece)
+            time.sleep(0.7)  # past gunicorn's keep-alive timeout (5 s) in all
+        assert _answer(sock).status == 413
+        sock.sendall(f"GET {path}{then} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        assert _answer(sock).status == 200
+
+
+def _answer(sock: socket.socket) -> Answer:
+    """One answer with a Content-Length read from a connection that stays open."""
+    received = b""
+    deadline = time.monotonic() + ANSWER_WITHIN_S
+    while not _complete(received):
+        assert time.monotonic() < deadline, f"no answer within {ANSWER_WITHIN_S} s: {received!r}"
+        piece = sock.recv(65536)
+        assert piece, f"the connection closed: {received!r}"
+        received += piece
+    head_bytes, _, rest = received.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    return Answer(int(lines[0].split()[1]), {}, rest)

@@ -90,7 +90,9 @@ def test_every_concrete_path_maps_to_one_documented_path() -> None:
 
 # ------------------------------------------------------- routes against the app
 def _example(template: str) -> str:
-    return template.format(name=NAME, writer_id=WRITER, txid=WRITER, op="list")
+    return template.format(
+        name=NAME, writer_id=WRITER, txid=WRITER, op="list", scope="sc", stream="st", segment="0"
+    )
 
 
 def test_every_app_route_and_custom_method_is_documented(app: Flask) -> None:

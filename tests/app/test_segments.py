@@ -9,7 +9,7 @@ import uuid
 import pytest
 from flask.testing import FlaskClient
 
-from app.native.params import MAX_JSON_BODY_BYTES
+from app.params import MAX_JSON_BODY_BYTES
 from tests.app.helpers import assert_problem, segment_state
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")

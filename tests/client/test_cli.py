@@ -14,6 +14,7 @@ import pytest
 
 from bench.servers import ServerProcess
 from client.cli import _put, main
+from client.errors import SegmentNotFound
 from client.results import AppendResult
 from client.segment_client import SegmentClient
 from tests.client.conftest import MAX_APPEND_BYTES
@@ -175,3 +176,42 @@ def test_transactions_open_append_info_commit_and_abort(
     assert main([*endpoint, "tx", "abort", name, dropped]) == 0
     assert main([*endpoint, "tx", "info", name, dropped]) == 1
     assert b"SegmentNotFound" in capsysbinary.readouterr().err
+
+
+def test_scope_and_stream_verbs(
+    server: ServerProcess,
+    client: SegmentClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    def run(*args: str) -> str:
+        assert main(["--endpoint", server.url, *args]) == 0
+        return capsysbinary.readouterr().out.decode()
+
+    stream = f"cli/{uuid.uuid4().hex[:8]}"
+    run("scope", "create", "cli")
+    assert "cli\n" in run("scope", "ls")
+    policy = ["--policy", "events_per_s", "--target", "9"]
+    made = json.loads(run("stream", "create", stream, "--segments", "2", *policy))
+    assert made["config"]["scaling"]["type"] == "events_per_s" and made["epoch"] == 0
+    assert stream.split("/")[1] + "\n" in run("stream", "ls", "cli")
+    assert json.loads(run("stream", "info", stream))["config"]["segments"] == 2
+    _stdin(monkeypatch, b"one\ntwo\nthree\n")
+    run("stream", "write", stream, "--key", "k")
+    assert run("stream", "scale", stream, "--seal", "0,1", "--ranges", "0:1").startswith("epoch 1\n2\t")
+    events = b"".join(client.read(f"{stream}/{i}").data for i in (0, 1))
+    assert events.count(b"\x00\x00\x00") == 3  # three framed events, all with one key
+    assert run("stream", "segments", stream, "--epoch", "0").startswith("epoch 0\n0\t")
+    assert run("stream", "successors", stream, "1").endswith("\tafter 0,1\n")
+    cut = run("stream", "cut", stream)
+    assert json.loads(cut) == {"epoch": 1, "positions": {"2": 0}}
+    assert json.loads(run("stream", "truncate", stream, cut))["positions"] == {"2": 0}
+    for i in (0, 1):  # wholly before the cut: deleted
+        with pytest.raises(SegmentNotFound):
+            client.info(f"{stream}/{i}")
+    assert json.loads(run("stream", "seal", stream))["state"] == "sealed"
+    run("stream", "rm", stream)
+    assert main(["--endpoint", server.url, "stream", "info", stream]) == 1
+    assert b"SegmentNotFound" in capsysbinary.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: a usage error
+        main(["--endpoint", server.url, "stream", "info", "no-slash"])

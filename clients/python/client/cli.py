@@ -5,7 +5,9 @@ Segments: ``ls``, ``info``, ``cat``, ``tail [-f]``, ``put``, ``create``,
 ``seal``, ``truncate``, ``rm``; what operators ask most: ``health``,
 ``cluster`` (which node serves each container), ``attributes``, ``writer``
 (a writer id's last event number) and ``tx open|append|info|commit|abort``
-(transactions).
+(transactions). Streams (a stream is named ``SCOPE/STREAM``): ``scope
+create|ls`` and ``stream create|info|ls|seal|rm|segments|successors|scale|
+cut|truncate|write``.
 
 The endpoint comes from ``--endpoint``, else ``SEGSTORE_ENDPOINT``, else
 http://127.0.0.1:8080; the token from ``--token``, else ``SEGSTORE_TOKEN``.
@@ -32,6 +34,8 @@ from tqdm import tqdm
 from client.errors import ConditionalCheckFailed, SegmentExists, SegstoreClientError, Unauthorized
 from client.results import SegmentInfo
 from client.segment_client import SegmentClient
+from client.stream_client import StreamClient, StreamCut, StreamSegment
+from client.stream_writer import StreamWriter
 
 MiB = 1024 * 1024
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
@@ -96,6 +100,44 @@ def _parser() -> argparse.ArgumentParser:
     command("info", _tx_info, "a transaction's JSON info", "name", "txid", under=tx_commands)
     command("commit", _tx_commit, "merge it at the end of its segment", "name", "txid", under=tx_commands)
     command("abort", _tx_abort, "drop a transaction and its bytes", "name", "txid", under=tx_commands)
+    scopes = commands.add_parser("scope", help="scopes of streams")
+    scope_commands = scopes.add_subparsers(dest="action", required=True)
+    command("create", _scope_create, "create a scope", "scope", under=scope_commands)
+    command("ls", _scope_ls, "list the scopes", under=scope_commands)
+    streams = commands.add_parser("stream", help="streams of parallel segments (SCOPE/STREAM)")
+    stream_commands = streams.add_subparsers(dest="action", required=True)
+
+    def stream_command(name: str, run: Command, help: str) -> argparse.ArgumentParser:
+        sub = command(name, run, help, under=stream_commands)
+        sub.add_argument("stream", type=_scope_stream, help="SCOPE/STREAM")
+        return sub
+
+    create_stream = stream_command("create", _stream_create, "create a stream")
+    create_stream.add_argument("--segments", type=int, default=None)
+    create_stream.add_argument("--policy", choices=("fixed", "events_per_s", "kbytes_per_s"), default=None)
+    create_stream.add_argument("--target", type=float, default=None, help="target rate per segment")
+    create_stream.add_argument("--factor", type=int, default=None, help="most parts a split makes")
+    create_stream.add_argument("--min-segments", type=int, default=None)
+    command("ls", _stream_ls, "list the streams of SCOPE", "scope", under=stream_commands)
+    stream_command("info", _stream_info, "a stream's description")
+    stream_command("seal", _stream_seal, "seal a stream")
+    stream_command("rm", _stream_rm, "delete a sealed stream")
+    stream_command("segments", _stream_segments, "the segments of the current epoch").add_argument(
+        "--epoch", type=int, default=None
+    )
+    followers = stream_command("successors", _stream_successors, "the segments that replaced a sealed one")
+    followers.add_argument("segment", type=int)
+    scale = stream_command("scale", _stream_scale, "seal segments, create successors on new key ranges")
+    scale.add_argument("--seal", required=True, help="segment ids, comma-separated")
+    scale.add_argument("--ranges", required=True, help="lo:hi key ranges, comma-separated (0:0.5,0.5:1)")
+    stream_command("cut", _stream_cut, "the head or tail stream cut, as JSON").add_argument(
+        "--at", choices=("head", "tail"), default="tail"
+    )
+    truncate_stream = stream_command("truncate", _stream_truncate, "delete what lies before a cut (JSON)")
+    truncate_stream.add_argument("cut", help="a cut as `stream cut` prints it")
+    stream_command("write", _stream_write, "write each line of stdin as one event").add_argument(
+        "--key", default=None, help="routing key of every event (default: random per event)"
+    )
     return parser
 
 
@@ -248,6 +290,92 @@ def _tx_commit(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -
 
 def _tx_abort(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
     client.abort_transaction(args.name, args.txid)
+
+
+def _scope_stream(text: str) -> tuple[str, str]:
+    scope, slash, stream = text.partition("/")
+    if not slash or not scope or not stream:
+        raise argparse.ArgumentTypeError(f"name a stream as SCOPE/STREAM, got {text!r}")
+    return scope, stream
+
+
+def _named(args: argparse.Namespace) -> tuple[str, str]:
+    """The (scope, stream) a stream verb names (``SCOPE/STREAM``, split by the parser)."""
+    scope, stream = args.stream
+    return scope, stream
+
+
+def _scope_create(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    StreamClient(client).create_scope(args.scope)
+
+
+def _scope_ls(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    out.write("".join(f"{scope}\n" for scope in StreamClient(client).scopes()).encode())
+
+
+def _stream_create(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    options = {"type": args.policy, "target": args.target, "factor": args.factor}
+    options["min_segments"] = args.min_segments
+    scaling = {k: v for k, v in options.items() if v is not None} or None
+    made = StreamClient(client).create_stream(*_named(args), segments=args.segments, scaling=scaling)
+    _print_json(out, made)
+
+
+def _stream_ls(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    out.write("".join(f"{name}\n" for name in StreamClient(client).streams(args.scope)).encode())
+
+
+def _stream_info(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    _print_json(out, StreamClient(client).stream(*_named(args)))
+
+
+def _stream_seal(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    _print_json(out, StreamClient(client).seal(*_named(args)))
+
+
+def _stream_rm(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    StreamClient(client).delete(*_named(args))
+
+
+def _print_segments(out: BinaryIO, head: str, segments: list[StreamSegment]) -> None:
+    out.write(head.encode())
+    out.write("".join(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\n" for s in segments).encode())
+
+
+def _stream_segments(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    epoch, found = StreamClient(client).segments(*_named(args), args.epoch)
+    _print_segments(out, f"epoch {epoch}\n", found)
+
+
+def _stream_successors(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    found, sealed = StreamClient(client).successors(*_named(args), args.segment)
+    out.write(f"sealed {str(sealed).lower()}\n".encode())
+    for s in found:
+        before = ",".join(map(str, s.predecessors))
+        out.write(f"{s.id}\t{s.name}\t[{s.key_lo}, {s.key_hi})\tafter {before}\n".encode())
+
+
+def _stream_scale(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    seal = [int(part) for part in args.seal.split(",")]
+    bounds = [part.partition(":") for part in args.ranges.split(",")]
+    ranges = [(float(lo), float(hi)) for lo, _, hi in bounds]
+    epoch, made = StreamClient(client).scale(*_named(args), seal, ranges)
+    _print_segments(out, f"epoch {epoch}\n", made)
+
+
+def _stream_cut(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    _print_json(out, StreamClient(client).cut(*_named(args), args.at).to_json())
+
+
+def _stream_truncate(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    cut = StreamCut.from_json({"epoch": 0, **json.loads(args.cut)})
+    _print_json(out, StreamClient(client).truncate(*_named(args), cut).to_json())
+
+
+def _stream_write(client: SegmentClient, args: argparse.Namespace, out: BinaryIO) -> None:
+    with StreamWriter(client, *_named(args)) as writer:
+        for line in sys.stdin.buffer:
+            writer.write(line.rstrip(b"\n"), args.key)
 
 
 def _explained(err: SegstoreClientError, token: str | None) -> str:

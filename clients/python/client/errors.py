@@ -64,7 +64,14 @@ class SegmentTruncated(SegstoreClientError):
 
 
 class ConditionalCheckFailed(SegstoreClientError):
-    """412: ``Expected-Offset`` differs from the length, or an attribute condition failed."""
+    """412: ``Expected-Offset`` differs from the length, ``Previous-Event-Number`` from the writer's
+    stored number (``headers["Writer-Event-Number"]``, absent when none), or an attribute condition failed."""
+
+    @property
+    def writer_event_number(self) -> int | None:
+        """On a ``Previous-Event-Number`` mismatch, the writer's stored number (None: none stored)."""
+        value = self.headers.get("Writer-Event-Number")
+        return None if value is None else int(value)
 
 
 class PayloadTooLarge(SegstoreClientError):
@@ -91,6 +98,26 @@ class OutcomeUnknown(SegstoreClientError):
     """502: the node serving a forwarded request failed during it; it may have been applied."""
 
 
+class StreamConflict(SegstoreClientError):
+    """409: a stream created again with another configuration (or a Durable Streams conflict)."""
+
+
+class StreamSealed(SegstoreClientError):
+    """409: an event, scale or transaction on a sealed stream."""
+
+
+class StreamNotSealed(SegstoreClientError):
+    """409: a delete of a stream that is not sealed."""
+
+
+class ScaleConflict(SegstoreClientError):
+    """409: another scale is pending, or the segments named are not all current."""
+
+
+class TransactionNotOpen(SegstoreClientError):
+    """409: an event, commit or abort the stream transaction's state refuses."""
+
+
 ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
     cls.__name__: cls
     for cls in (
@@ -111,6 +138,11 @@ ERRORS_BY_CODE: dict[str, type[SegstoreClientError]] = {
         Throttled,
         StorageFull,
         OutcomeUnknown,
+        StreamConflict,
+        StreamSealed,
+        StreamNotSealed,
+        ScaleConflict,
+        TransactionNotOpen,
     )
 }
 
@@ -128,6 +160,6 @@ def error_from_response(response: requests.Response) -> SegstoreClientError:
     headers = {
         k: v
         for k, v in response.headers.items()
-        if k.lower().startswith("segment-") or k.lower() == "retry-after"
+        if k.lower().startswith("segment-") or k.lower() in ("retry-after", "writer-event-number")
     }
     return ERRORS_BY_CODE.get(code, SegstoreClientError)(response.status_code, code, detail, headers)

@@ -41,6 +41,10 @@ from there (``SegmentClient``'s routes).
 
 Streaming offsets are ``{"segment name": next offset}``. Writes go through
 transactions (``client.spark_sink``); overwrite is refused: segments only grow.
+
+Streams: the option ``stream`` (``scope/stream``) instead of ``segments`` or
+``segment`` reads a stream between stream cuts and writes to it through
+stream transactions (``client.spark_stream``).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client import spark_sink
+from client import spark_sink, spark_stream
 from client.errors import SegmentExists
 from client.results import SegmentInfo
 from client.segment_client import SegmentClient
@@ -104,6 +108,9 @@ class SegstoreOptions:
         self.max_bytes_per_trigger = self._positive_or_none("maxbytespertrigger")
         failing = self.get("fail_first_attempt_after_rows")
         self.fail_first_attempt_after_rows = int(failing) if failing else None
+        if self.get("stream") and (self.get("segments") or self.get("segment")):
+            raise ValueError("segstore: give either 'stream' or 'segments' / 'segment', not both")
+        self.stream = spark_stream.StreamOptions(self.raw) if self.get("stream") else None
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.raw.get(key.lower(), default)
@@ -159,20 +166,30 @@ class SegstoreDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return SegstoreReader(SegstoreOptions(self.options))
+        options = SegstoreOptions(self.options)
+        if options.stream is not None:
+            return spark_stream.StreamBatchReader(options.stream)
+        return SegstoreReader(options)
 
-    def writer(self, schema: StructType, overwrite: bool) -> SegstoreWriter:
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         _check_writable(schema, overwrite)
         options = SegstoreOptions(self.options)
+        if options.stream is not None:
+            return spark_stream.StreamWriter(options.stream)
         _prepare_target(options)
         return SegstoreWriter(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return SegstoreStreamReader(SegstoreOptions(self.options))
+        options = SegstoreOptions(self.options)
+        if options.stream is not None:
+            return spark_stream.StreamMicroBatchReader(options.stream)
+        return SegstoreStreamReader(options)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> SegstoreStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         _check_writable(schema, overwrite)
         options = SegstoreOptions(self.options)
+        if options.stream is not None:
+            return spark_stream.StreamStreamWriter(options.stream)
         _prepare_target(options)
         return SegstoreStreamWriter(options)
 

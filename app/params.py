@@ -1,4 +1,4 @@
-"""Strict parsing of the native API's request headers, query parameters and small JSON bodies.
+"""Strict parsing of request headers, query parameters and small JSON bodies (native and stream APIs).
 
 Python's ``int()`` takes ``" 7"``, ``"+7"``, ``"7_000"`` and non-ASCII digits;
 HTTP numbers are plain ASCII digits, so every number here is matched against
@@ -103,14 +103,7 @@ def append_conditions(environ: Mapping[str, Any]) -> AppendConditions:
 
     Read from the WSGI environ: the append shortcut has no Flask request.
     """
-    raw_writer = _environ_header(environ, "Writer-Id")
-    writer_id = None if raw_writer is None else parse_uuid(raw_writer, "Writer-Id", InvalidHeader)
-    event_number = _environ_int_header(environ, "Event-Number")
-    if (writer_id is None) != (event_number is None):
-        given, missing = (
-            ("Writer-Id", "Event-Number") if writer_id is not None else ("Event-Number", "Writer-Id")
-        )
-        raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
+    writer_id, event_number = writer_and_number(environ)
     event_count = _environ_int_header(environ, "Event-Count", minimum=1)
     previous = _environ_int_header(environ, "Previous-Event-Number")
     if previous is not None and (event_number is None or previous >= event_number):
@@ -124,6 +117,19 @@ def append_conditions(environ: Mapping[str, Any]) -> AppendConditions:
         event_count=1 if event_count is None else event_count,
         previous_event_number=previous,
     )
+
+
+def writer_and_number(environ: Mapping[str, Any]) -> tuple[uuid.UUID | None, int | None]:
+    """``Writer-Id`` and ``Event-Number``: both, or neither (InvalidHeader naming the missing one)."""
+    raw_writer = _environ_header(environ, "Writer-Id")
+    writer_id = None if raw_writer is None else parse_uuid(raw_writer, "Writer-Id", InvalidHeader)
+    event_number = _environ_int_header(environ, "Event-Number")
+    if (writer_id is None) != (event_number is None):
+        given, missing = (
+            ("Writer-Id", "Event-Number") if writer_id is not None else ("Event-Number", "Writer-Id")
+        )
+        raise InvalidHeader(f"{given} needs {missing}: send both for a deduplicated append, or neither")
+    return writer_id, event_number
 
 
 def byte_range(request: Request) -> tuple[int | None, int | None] | None:
@@ -260,16 +266,24 @@ def _integer(value: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def json_int(body: dict[str, Any], key: str, *, minimum: int) -> int | None:
+def json_int(body: dict[str, Any], key: str, *, minimum: int, maximum: int = INT64_MAX) -> int | None:
     """An integer member of a JSON body (booleans and fractions refused), or None when absent."""
     if key not in body:
         return None
     value = _integer(body[key])
     if value is None:
         raise InvalidArgument(f"{key} must be an integer, got {json.dumps(body[key])[:60]}")
-    if value < minimum or value > INT64_MAX:
-        raise InvalidArgument(f"{key} must be between {minimum} and {INT64_MAX}, got {value}")
+    if value < minimum or value > maximum:
+        raise InvalidArgument(f"{key} must be between {minimum} and {maximum}, got {value}")
     return value
+
+
+def json_number(value: Any, what: str, *, minimum: float, maximum: float) -> float:
+    """A JSON number (an integer or a fraction; booleans refused) within [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not minimum <= value <= maximum:
+        shown = json.dumps(value)[:60]
+        raise InvalidArgument(f"{what} must be a number from {minimum:g} to {maximum:g}, got {shown}")
+    return float(value)
 
 
 def json_str(body: dict[str, Any], key: str) -> str | None:
