@@ -17,15 +17,21 @@ its lease lapsed; or this node won it and is recovering it), the request
 waits up to ``takeover_wait_s`` for one to, without reading its body; then
 the surface answers it (503 with ``Retry-After`` if still nobody serves).
 
-An owner that takes the request and then sends nothing for longer than a
-live node ever does (``tail_wait_max_s``, which bounds every tail wait and
-SSE keep-alive, plus a lease: by then a paused or cut-off node has lost its
-containers) is given up on: a read (GET, HEAD) is answered 503, as nothing
-changed; anything else 502 ``OutcomeUnknown``, as it may have been applied.
+An owner that fails during the request, or takes it and then sends nothing
+for longer than a live node ever does (``tail_wait_max_s``, which bounds
+every tail wait and SSE keep-alive, plus a lease: by then a paused or
+cut-off node has lost its containers), is given up on. A request that is
+safe to repeat is then sent again, to the container's next owner once one
+serves it (or answered 503 with ``Retry-After`` past ``takeover_wait_s``):
+a read (GET, HEAD), or an append with ``Writer-Id`` and ``Event-Number``,
+which the owner deduplicates (its body, at most ``max_append_bytes``, is
+kept for that). Anything else answers 502 ``OutcomeUnknown``: it may have
+been applied.
 """
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -35,7 +41,7 @@ from urllib3.exceptions import NewConnectionError
 
 from app import ops
 from app.errors import render_segstore_error
-from engine import ContainerNotReady, OutcomeUnknown, SegmentStore, Settings, container_for
+from engine import OutcomeUnknown, SegmentStore, Settings, container_for
 
 FORWARDED = "Segstore-Forwarded"
 # The route the request metrics count a request under that this node passed on.
@@ -53,8 +59,10 @@ _PIECE_BYTES = 64 * 1024
 _CONNECT_S = 5.0
 # How often a waiting request looks at the cluster view again.
 _POLL_S = 0.1
-# Requests that change nothing: one whose owner stopped answering may be refused (503), not unknown.
+# Requests that change nothing: one whose owner stopped answering is sent again.
 _READS = frozenset({"GET", "HEAD"})
+# With both, a write is deduplicated by its owner: one whose owner stopped answering is sent again.
+_DEDUPLICATED = ("HTTP_WRITER_ID", "HTTP_EVENT_NUMBER")
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Subject = Callable[[dict[str, Any]], str | None]
@@ -62,6 +70,14 @@ Subject = Callable[[dict[str, Any]], str | None]
 
 class _Unreachable(Exception):
     """The owner refused or timed out the connection: nothing of the request was sent."""
+
+
+class _Failed(Exception):
+    """The owner failed during the request, or went silent: it may have acted on it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 class Forwarding:
@@ -86,21 +102,46 @@ class Forwarding:
         forwarded = bool(environ.get(_FORWARDED_KEY))
         container = container_for(subject, self.store.settings.container_count)
         deadline = time.monotonic() + self.takeover_wait_s
+        body: bytes | None = None  # a repeatable request's body, once read
+        retrying = False
         while True:
             if self.store.container_ready(container):
-                return self.app(environ, start_response)
+                return self._here(environ, start_response, body)
             owner = self.store.owner_of(subject)
             if owner is not None and forwarded:
                 return self.app(environ, start_response)  # never a second hop: 503 naming the owner
             if owner is not None:
+                if body is None and self._repeatable(environ):
+                    body = _read_all(environ)
                 try:
-                    return self._forward(environ, start_response, *owner, deadline)
+                    return self._forward(environ, start_response, *owner, deadline, body)
                 except _Unreachable:
                     self.store.owner_unreachable(owner[0])  # gone, or paused: wait for its lease to move
+                except _Failed as failed:
+                    if body is None:  # not repeatable: not a 503, which says "not applied, resend"
+                        return render_segstore_error(OutcomeUnknown(failed.detail))(environ, start_response)
+                    self.store.owner_unreachable(owner[0])
+                    if not retrying:  # sent again to the next owner, within one more takeover wait
+                        retrying, deadline = True, time.monotonic() + self.takeover_wait_s
             left = deadline - time.monotonic()
-            if left <= 0:
-                return self.app(environ, start_response)  # the surface answers 503 with Retry-After
+            if left <= 0:  # the surface answers 503 with Retry-After
+                return self._here(environ, start_response, body)
             time.sleep(min(_POLL_S, left))
+
+    def _here(self, environ: dict[str, Any], start_response: Callable[..., Any],
+              body: bytes | None) -> Iterable[bytes]:
+        """Answer the request on this node, with its body as read for forwarding if it was."""
+        if body is not None:
+            environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        return self.app(environ, start_response)
+
+    def _repeatable(self, environ: dict[str, Any]) -> bool:
+        """Whether the request may be sent again after its owner failed: a read, or a deduplicated append."""
+        if environ["REQUEST_METHOD"] in _READS:
+            return True
+        length = environ.get("CONTENT_LENGTH") or ""
+        deduplicated = all(environ.get(key) for key in _DEDUPLICATED)
+        return deduplicated and length.isdigit() and int(length) <= self.store.settings.max_append_bytes
 
     def _subject(self, environ: dict[str, Any]) -> str | None:
         for subject_of in self.subjects:
@@ -110,14 +151,16 @@ class Forwarding:
         return None
 
     def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any],
-                 node: str, base: str, deadline: float) -> Iterable[bytes]:
+                 node: str, base: str, deadline: float, kept: bytes | None) -> Iterable[bytes]:
         environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
         headers[FORWARDED] = self.store.settings.node_id
         length = environ.get("CONTENT_LENGTH")
-        body: Iterable[bytes] | None = None
-        if length:
+        body: Iterable[bytes] | bytes | None = None
+        if kept is not None:
+            body = kept
+        elif length:
             body = _Sized(_body(environ["wsgi.input"], int(length)), int(length))
         elif "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             body = _body(environ["wsgi.input"], None)  # passed on chunked, as it came
@@ -132,12 +175,7 @@ class Forwarding:
                 raise _Unreachable from err
             silent = isinstance(err, requests.ReadTimeout)
             what = f"did not answer in {self.silence_s:g} s" if silent else "failed during the request"
-            error: ContainerNotReady | OutcomeUnknown
-            if silent and environ["REQUEST_METHOD"] in _READS:
-                error = ContainerNotReady(f"node {node} serving the container {what}", retry_after_s=1)
-            else:  # sent, maybe in part, maybe acted on: not a 503, which says "not applied, resend"
-                error = OutcomeUnknown(f"node {node} serving the container {what}")
-            return render_segstore_error(error)(environ, start_response)
+            raise _Failed(f"node {node} serving the container {what}") from err
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
@@ -163,6 +201,12 @@ def _headers(environ: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield key[5:].replace("_", "-").title(), value
     if environ.get("CONTENT_TYPE"):
         yield "Content-Type", environ["CONTENT_TYPE"]
+
+
+def _read_all(environ: dict[str, Any]) -> bytes:
+    """The whole body of a request to be sent again if need be (GET and HEAD: none)."""
+    length = environ.get("CONTENT_LENGTH")
+    return b"".join(_body(environ["wsgi.input"], int(length))) if length else b""
 
 
 def _body(stream: Any, length: int | None) -> Iterator[bytes]:

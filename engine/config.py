@@ -64,8 +64,12 @@ class Settings:
     # Tier 1: data frames are at most this large; log files roll past tier1_file_bytes.
     max_frame_bytes: int = 1 * MiB
     tier1_file_bytes: int = 64 * MiB
-    # A metadata checkpoint is written after this many Tier 1 bytes (and at every start).
+    # A metadata checkpoint is written at every start and after this many Tier 1 bytes, operations
+    # or seconds, whichever comes first: a recovery replays the log from the checkpoint before the
+    # oldest operation not yet in Tier 2, so these bound its length whatever the container's age.
     checkpoint_every_bytes: int = 16 * MiB
+    checkpoint_every_operations: int = 10_000
+    checkpoint_every_s: float = 2.0
     # Storage writer: flush a segment's appends to Tier 2 at this size or age.
     flush_threshold_bytes: int = 4 * MiB
     flush_threshold_ms: int = 1000

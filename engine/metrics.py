@@ -174,6 +174,12 @@ class EngineMetrics:
             ["container"],
             registry=registry,
         )
+        self.recovery_operations = Gauge(
+            "segstore_container_recovery_operations",
+            "How many operations the container's last recovery replayed from Tier 1.",
+            ["container"],
+            registry=registry,
+        )
 
     def observe_latency(self, op: object, seconds: float) -> None:
         """Queue-to-durable latency by operation type (label child looked up once per type)."""

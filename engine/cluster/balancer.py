@@ -8,9 +8,13 @@ and acts only for itself, one step at a time:
 - a node claims free containers while it holds the fewest of all live nodes
   and fewer than its fair share rounded up; a container left free for a
   whole lease (its rightful claimer is slow or stuck) goes to any node below
-  that share;
+  that share. Nodes tied for the fewest start at different free containers
+  (by their rank among them), so a dead node's containers are claimed in
+  one round, not one more round per container;
 - while some node holds two or more fewer than the most loaded one, the most
-  loaded node (the first by id among equals) hands one container over.
+  loaded node (the first by id among equals) hands one container over, one
+  that has settled (not just recovered after a move: a node that comes back
+  then costs one more move, not two).
 
 Views of different nodes may briefly differ; conflicting claims are settled
 by the lease's compare-and-set, and the rule converges once views agree.
@@ -35,13 +39,15 @@ def plan(
     free: Set[int],
     container_count: int,
     long_free: Set[int] = frozenset(),
+    settled: Set[int] | None = None,
 ) -> Plan:
     """What ``me`` should claim or release now.
 
     ``live``: the live nodes (``me`` among them); ``owners``: containers held
     under a live lease by a live node; ``free``: containers nobody holds
     (unowned, released, or stale); ``long_free``: those of them free for a
-    whole lease already.
+    whole lease already; ``settled``: those of ``me``'s containers it may
+    hand over (None: all).
     """
     assert me in live, (me, live)
     assert not free & owners.keys(), "a container is free or owned, not both"
@@ -54,11 +60,18 @@ def plan(
     fewest = min(counts.values())
     mine = counts[me]
     if free and mine == fewest and mine < fair_ceiling:
-        return Plan(claim=tuple(sorted(free)[: fair_ceiling - mine]))
+        tied = sorted(node for node, count in counts.items() if count == fewest)
+        order = sorted(free)
+        start = tied.index(me) % len(order)
+        return Plan(claim=tuple((order[start:] + order[:start])[: fair_ceiling - mine]))
     if long_free and mine < fair_ceiling:
         return Plan(claim=tuple(sorted(long_free)[: fair_ceiling - mine]))
     most = max(counts.values())
     if most - fewest > 1 and me == min(node for node, count in counts.items() if count == most):
-        held = sorted(container for container, owner in owners.items() if owner == me)
-        return Plan(release=(held[-1],))
+        held = sorted(
+            container
+            for container, owner in owners.items()
+            if owner == me and (settled is None or container in settled)
+        )
+        return Plan(release=(held[-1],)) if held else Plan()
     return Plan()

@@ -4,15 +4,21 @@ Seed 000 ("Integration with Controller", "Segment Container Manager"): a node
 runs the containers assigned to it, starts them on assignment, stops them on
 unassignment, and never restarts a failed one by itself. segstore assigns
 with leases in the bucket instead of a controller (docs/cluster.md); each
-node runs ``Coordinator.tick`` every third of ``lease_s``:
+node runs three things side by side:
 
-1. give up every container whose lease it could not renew in time (before
-   ``lease_s`` minus a margin since the start of its last successful renewal);
-2. renew its node record (the heartbeat) and the leases it holds;
-3. read every node record and lease, and apply the balancer's plan: hand
-   over (stop the container, then release the lease) or claim (win the
-   lease, then start the container, whose recovery fences the old Tier 1
-   writer).
+1. renewals (``engine/cluster/holdings.py``), each lease a third of
+   ``lease_s`` after its last, and the heartbeat: a container whose lease
+   could not be renewed in time (``lease_s`` minus a margin since the start
+   of its last successful renewal) is given up, and stopped apart;
+2. rounds, every sixth of ``lease_s``, and at the moment a lease it saw is
+   due to run out: read every node record and lease, and apply the
+   balancer's plan: hand over (stop the container, then release the lease,
+   then tell the other nodes to run a round) or claim (win the lease, then
+   start the container, whose recovery fences the old Tier 1 writer);
+3. the stops of the containers given up.
+
+Nothing in a round delays a renewal: a slow bucket read, a recovery or a
+stop cannot make a live node lose its leases.
 
 Invariant: a container is held by at most one node at any instant
 (``holds``), provided the nodes' clocks run at the same rate within the
@@ -33,6 +39,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from engine.cluster import balancer
+from engine.cluster.holdings import MARGIN_SHARE, Holdings
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
 from engine.cluster.registers import Register, RegisterConflict, RegisterError, Registers
 from engine.metrics import ClusterMetrics
@@ -49,10 +56,13 @@ from engine.naming import (
 
 log = logging.getLogger(__name__)
 
-# A holder gives a container up this share of lease_s before an observer may call its lease stale.
-MARGIN_SHARE = 0.2
-# Registers a round reads at once (node records and leases).
+# Registers read or written at once (a round's node records and leases, the renewals due).
 _READERS = 16
+# Rounds per lease: how soon a node sees a lease change (a release, a claim, a lease running out).
+_ROUNDS_PER_LEASE = 6
+# About how long a container takes to recover once claimed (its log since a checkpoint, a few
+# seconds of writes at most), for the Retry-After of the requests refused meanwhile.
+RECOVERY_S = 1.0
 
 
 class ClusterMismatch(Exception):
@@ -73,13 +83,6 @@ class ContainerHost(Protocol):
     def failed(self, container: int) -> bool:
         """Whether ``container`` cannot serve until it is started again (its recovery failed, say)."""
         ...
-
-
-@dataclass(slots=True)
-class _Held:
-    record: LeaseRecord
-    version: str
-    renewed_at: float  # monotonic, at the start of the last write of the lease that succeeded
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ class Coordinator:
         lease_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         metrics: ClusterMetrics | None = None,
+        released: Callable[[int], None] = lambda container: None,
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -121,29 +125,38 @@ class Coordinator:
         self._node = NodeRecord(node_id, url)
         self._node_version: str | None = None
         self._observer = Observer(lease_s)
-        self._held: dict[int, _Held] = {}
+        self._released = released
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
         self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one round (or leave) at a time
+        self._wake = threading.Event()  # set: run a round now
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
+        self._writers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"renewals-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
         self.metrics = metrics if metrics is not None else ClusterMetrics(CollectorRegistry())
+        self.leases = Holdings(
+            registers, node_id=self.node_id, lease_s=lease_s, clock=clock,
+            stop_container=host.stop_container, metrics=self.metrics, writers=self._writers,
+        )
         self.metrics.leases_held.set_function(lambda: len(self.held()))
 
     @property
     def renew_every_s(self) -> float:
         return self.lease_s / 3
 
+    @property
+    def round_every_s(self) -> float:
+        return self.lease_s / _ROUNDS_PER_LEASE
+
     # ------------------------------------------------------------ queries
     def holds(self, container: int) -> bool:
         """Whether this node holds ``container``'s lease now (and so may serve it)."""
-        held = self._held.get(container)
-        return held is not None and self.clock() < self._deadline(held)
+        return self.leases.holds(container)
 
     def held(self) -> list[int]:
-        return sorted(c for c in list(self._held) if self.holds(c))
+        return self.leases.held()
 
     def view(self) -> ClusterView:
         return self._view
@@ -152,30 +165,32 @@ class Coordinator:
         """Note that ``node`` could not be reached just now (a request to it was refused)."""
         self._unreachable[node] = self.clock()
 
-    def describe(self, container: int) -> str:
-        """Who serves ``container`` as far as this node knows, for the answer to a request it refuses.
+    def describe(self, container: int) -> tuple[str, float]:
+        """Who serves ``container`` as far as this node knows, and about how long until it serves again.
 
+        For the answer to a request this node refuses (its ``Retry-After``).
         An owner this node could not reach within the last lease is gone for
         the container until its lease runs out (its last renewal, as this node
-        saw it, plus ``lease_s``): another node claims it then.
+        saw it, plus ``lease_s``): another node claims it then and recovers it
+        (``RECOVERY_S``, which checkpoints bound: docs/cluster.md).
         """
         if self.holds(container):
-            return f"container {container}: node {self.node_id} took it over and is recovering it"
+            return f"container {container}: node {self.node_id} took it over and is recovering it", RECOVERY_S
         lease = self._leases.get(container)
+        claimed = self.round_every_s + RECOVERY_S
         if lease is None or lease[0].owner is None:
-            every = f"{self.renew_every_s:.1f} s"
-            return f"container {container}: no node holds it; the next round (every {every}) claims it"
+            every = f"{self.round_every_s:.1f} s"
+            why = f"container {container}: no node holds it; the next round (every {every}) claims it"
+            return why, claimed
         owner, now = lease[0].owner, self.clock()
         age = self._observer.age(lease_register_name(container), now) or 0.0
         if age >= self.lease_s:
-            return f"container {container}: node {owner}'s lease ran out; the next round claims it"
+            return f"container {container}: node {owner}'s lease ran out; the next round claims it", claimed
         if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
             left = math.ceil(self.lease_s - age)
-            return f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
-        return f"container {container} is served by node {owner}"
-
-    def _deadline(self, held: _Held) -> float:
-        return held.renewed_at + self.lease_s * (1 - MARGIN_SHARE)
+            why = f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
+            return why, self.lease_s - age + RECOVERY_S
+        return f"container {container} is served by node {owner}", RECOVERY_S
 
     # ------------------------------------------------------------ joining and leaving
     def join(self) -> None:
@@ -210,19 +225,33 @@ class Coordinator:
     def leave(self) -> None:
         """Hand every container over cleanly and mark this node as leaving."""
         with self._lock:
-            for container in sorted(self._held):
+            for container in self.leases.held():
                 self._release(container)
             self._node = self._node.next_beat(leaving=True)
             self._write_node()
 
     # ------------------------------------------------------------ the round
     def tick(self) -> None:
-        """One round: give up expired leases, heartbeat, renew, observe, balance."""
+        """Renewals, one round and the stops it caused, one after another (the simulations' step)."""
+        self.renew()
+        self.round()
+        self.leases.stop_lost()
+
+    def renew(self) -> None:
+        """Give up expired leases, and renew those due and write the heartbeat, all at once.
+
+        A pass takes about one write to the bucket, however many leases it renews.
+        """
+        beat = self._writers.submit(self._beat)
+        try:
+            self.leases.renew()
+        finally:
+            beat.result()
+
+    def round(self) -> None:
+        """Hand failed containers back, observe the cluster, and claim or hand over what the balancer says."""
         with self._lock:
-            self._give_up_expired()
             self._hand_back_failed()
-            self._beat()
-            self._renew()
             try:
                 seen = self._observe()
             except RegisterError as exc:
@@ -230,36 +259,72 @@ class Coordinator:
                 return
             self._balance(seen)
 
-    def run(self, stop: threading.Event) -> None:
-        """Tick every third of ``lease_s`` until ``stop`` is set; a failed round is logged and retried.
+    def nudge(self) -> None:
+        """Run a round now (another node released a container this one may claim)."""
+        self._wake.set()
 
-        A long round delays the next renewals: one longer than the margin
-        leaves (``lease_s`` less the margin, less a renewal period) lets
-        leases run out while the node is alive, and their containers move
-        (and recover) for nothing. Such a round is logged, as the cause.
+    def run(self, stop: threading.Event) -> None:
+        """Renewals, rounds and stops, each on its own thread, until ``stop`` is set.
+
+        A failed round is logged and retried. After a round the next one
+        comes a sixth of a lease later, or sooner: when a lease seen held by
+        another node is due to run out (a crashed node's containers are
+        claimed then, not a round later), or when another node asks for one.
+        """
+        renewals = threading.Thread(target=self._run_renewals, args=(stop,),
+                                    name=f"renewals-{self.node_id}", daemon=True)
+        stops = threading.Thread(target=self.leases.run_stops, args=(stop,),
+                                 name=f"stops-{self.node_id}", daemon=True)
+        renewals.start()
+        stops.start()
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                self.round()
+            except Exception:
+                log.exception("cluster round of node %s failed", self.node_id)
+            wait_s = min(self.round_every_s, self._next_expiry() - self.clock())
+            self._wake.wait(max(0.01, wait_s))
+        self.leases.end_stops()
+        renewals.join()
+        stops.join()
+        self._readers.shutdown(wait=False)
+        self._writers.shutdown(wait=False)
+
+    def _run_renewals(self, stop: threading.Event) -> None:
+        """Renew until ``stop``: each lease when it is due, the heartbeat every renewal period.
+
+        A pass longer than the margin left (``lease_s`` less the margin, less
+        a renewal period) lets leases run out while the node lives: the
+        bucket answers too slowly for ``lease_s``. Such a pass is logged.
         """
         while not stop.is_set():
             began = self.clock()
             try:
-                self.tick()
+                self.renew()
             except Exception:
-                log.exception("cluster round of node %s failed", self.node_id)
+                log.exception("lease renewals of node %s failed", self.node_id)
             took = self.clock() - began
             if took > self.lease_s * (1 - MARGIN_SHARE) - self.renew_every_s:
                 log.warning(
-                    "node %s: a cluster round took %.1f s; a lease renewed every %.1f s runs out %.1f s "
-                    "after its renewal began, so rounds this long let leases run out while the node lives "
-                    "(the bucket answers slowly, or stopping a container took long)",
+                    "node %s: renewing its leases took %.1f s; a lease renewed every %.1f s runs out %.1f s "
+                    "after its renewal began, so renewals this slow let leases run out while the node lives "
+                    "(the bucket answers slowly: raise lease_s)",
                     self.node_id, took, self.renew_every_s, self.lease_s * (1 - MARGIN_SHARE),
                 )
-            stop.wait(max(0.0, self.renew_every_s - took))
-        self._readers.shutdown(wait=False)
+            due = min(self.leases.next_due(), began + self.renew_every_s)
+            stop.wait(max(0.01, due - self.clock()))
 
-    def _give_up_expired(self) -> None:
-        now = self.clock()
-        for container, held in sorted(self._held.items()):
-            if now >= self._deadline(held):
-                self._lose(container, "expired", "its lease could not be renewed in time")
+    def _next_expiry(self) -> float:
+        """When the next lease this node saw held by another node runs out, as it observes them."""
+        soonest = math.inf
+        for container, (record, _version) in list(self._leases.items()):
+            if record.owner is None or record.owner == self.node_id:
+                continue
+            age = self._observer.age(lease_register_name(container), self.clock())
+            if age is not None and age < self.lease_s:
+                soonest = min(soonest, self.clock() - age + self.lease_s + 0.01)
+        return soonest
 
     def _hand_back_failed(self) -> None:
         """Release the leases of containers that failed here, rather than keep them out of service.
@@ -269,16 +334,10 @@ class Coordinator:
         hold the lease with nothing served until the node restarts. Released,
         the container is claimed again (here or elsewhere) and recovered anew.
         """
-        for container in sorted(self._held):
+        for container in self.leases.held():
             if self.host.failed(container):
                 log.warning("node %s hands failed container %d back", self.node_id, container)
                 self._release(container)
-
-    def _lose(self, container: int, reason: str, why: str) -> None:
-        log.warning("node %s stops container %d: %s", self.node_id, container, why)
-        self.metrics.losses[reason].inc()
-        del self._held[container]
-        self.host.stop_container(container)
 
     def _beat(self) -> None:
         self._node = self._node.next_beat()
@@ -299,33 +358,14 @@ class Coordinator:
         except RegisterError as exc:
             log.warning("node %s heartbeat failed: %s", self.node_id, exc)
 
-    def _renew(self) -> None:
-        for container, held in sorted(self._held.items()):
-            if self.clock() - held.renewed_at < self.renew_every_s:
-                continue
-            started = self.clock()
-            record = held.record.renewed()
-            name = lease_register_name(container)
-            try:
-                version = self.registers.replace(name, record.encode(), held.version)
-            except RegisterConflict:
-                self._lose(container, "taken", "its lease was taken")
-                continue
-            except RegisterError as exc:
-                log.warning("node %s could not renew container %d's lease: %s", self.node_id, container, exc)
-                self.metrics.renewal_errors.inc()
-                continue
-            self.metrics.renewals.inc()
-            self._held[container] = _Held(record, version, started)
-
     def _observe(self) -> _Observed:
         nodes: dict[str, NodeRecord] = {}
         leases: dict[int, tuple[LeaseRecord, str]] = {}
         names = self.registers.names(node_prefix()) + self.registers.names(lease_prefix())
-        for name, register in zip(names, self._read_all(names), strict=True):
+        for name, (register, read_at) in zip(names, self._read_all(names), strict=True):
             if register is None:
                 continue
-            self._observer.saw(name, register.version, self.clock())
+            self._observer.saw(name, register.version, read_at)
             if (node := parse_node_register_name(name)) is not None:
                 nodes[node] = NodeRecord.decode(name, register.data)
                 continue
@@ -335,15 +375,22 @@ class Coordinator:
         self._observer.forget(set(names))
         return _Observed(nodes, leases)
 
-    def _read_all(self, names: list[str]) -> list[Register | None]:
-        """The registers of ``names``, read at once: a round waits about one read, not one per register.
+    def _read_all(self, names: list[str]) -> list[tuple[Register | None, float]]:
+        """The registers of ``names``, each with when its read ended, read at once.
 
-        A slow bucket would otherwise stretch the round by every read, and with
-        it the time until the next renewals (see ``run``).
+        A round waits about one read, not one per register: a slow bucket
+        would otherwise stretch it by every read, and with it the time until
+        this node sees a lease change. Each version counts as seen when its
+        own read ended (after the write that made it began, as staleness
+        needs), not when the slowest read of the round did.
         """
+        def read(name: str) -> tuple[Register | None, float]:
+            register = self.registers.read(name)
+            return register, self.clock()
+
         if len(names) <= 1:
-            return [self.registers.read(name) for name in names]
-        return list(self._readers.map(self.registers.read, names))
+            return [read(name) for name in names]
+        return list(self._readers.map(read, names))
 
     def _balance(self, seen: _Observed) -> None:
         self._leases = seen.leases
@@ -353,7 +400,8 @@ class Coordinator:
             for node, record in seen.nodes.items()
             if not record.leaving and not self._observer.stale(node_register_name(node), now)
         } | {self.node_id}
-        owners: dict[int, str] = {c: self.node_id for c in self._held}
+        mine = self.leases.held()
+        owners: dict[int, str] = {c: self.node_id for c in mine}
         unusable: set[int] = set()  # held under this node's id by an earlier run, until that lease is stale
         for container, (record, _version) in seen.leases.items():
             if container in owners or record.owner is None:
@@ -363,6 +411,7 @@ class Coordinator:
                     unusable.add(container)
                 else:
                     owners[container] = record.owner
+        unusable |= self.leases.stopping()
         free = set(range(self.container_count)) - owners.keys() - unusable
         for container in list(self._free_since):
             if container not in free:
@@ -370,33 +419,36 @@ class Coordinator:
         for container in free:
             self._free_since.setdefault(container, now)
         long_free = {c for c in free if now - self._free_since[c] >= self.lease_s}
-        step = balancer.plan(self.node_id, live, owners, free, self.container_count, long_free)
+        step = balancer.plan(
+            self.node_id, live, owners, free, self.container_count, long_free, settled=self.leases.settled()
+        )
         for container in step.release:
             self._release(container)
         for container in step.claim:
             self._claim(container, seen.leases.get(container))
         # The view after this round's own moves, so it agrees with what this node serves.
         after = {c: owner for c, owner in owners.items() if owner != self.node_id}
-        after |= {c: self.node_id for c in self._held}
+        after |= {c: self.node_id for c in self.leases.held()}
         urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
         self._view = ClusterView(urls | {self.node_id: self._node.url}, after)
 
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)
-        started = self.clock()
-        try:
-            if current is None:
-                record = LeaseRecord(container, self.node_id, 1)
-                version = self.registers.create(name, record.encode())
-            else:
-                record = current[0].claimed_by(self.node_id)
-                version = self.registers.replace(name, record.encode(), current[1])
-        except RegisterConflict:
-            return
-        except RegisterError as exc:
-            log.warning("node %s could not claim container %d: %s", self.node_id, container, exc)
-            return
-        self._held[container] = _Held(record, version, started)
+        with self.leases.moving(container):
+            started = self.clock()
+            try:
+                if current is None:
+                    record = LeaseRecord(container, self.node_id, 1)
+                    version = self.registers.create(name, record.encode())
+                else:
+                    record = current[0].claimed_by(self.node_id)
+                    version = self.registers.replace(name, record.encode(), current[1])
+            except RegisterConflict:
+                return
+            except RegisterError as exc:
+                log.warning("node %s could not claim container %d: %s", self.node_id, container, exc)
+                return
+            self.leases.won(container, record, version, started)
         self._free_since.pop(container, None)
         self.metrics.takeovers[
             "new" if current is None else "released" if current[0].owner is None else "expired"
@@ -405,14 +457,23 @@ class Coordinator:
         self.host.start_container(container)
 
     def _release(self, container: int) -> None:
-        """Hand ``container`` over: stop it first, then free its lease for the next owner."""
-        held = self._held.pop(container)
-        self.host.stop_container(container)
-        name = lease_register_name(container)
-        try:
-            self.registers.replace(name, held.record.released().encode(), held.version)
-        except (RegisterConflict, RegisterError) as exc:
-            log.warning("node %s could not release container %d (it expires instead): %s",
-                        self.node_id, container, exc)
-        else:
-            log.info("node %s handed container %d over", self.node_id, container)
+        """Hand ``container`` over: stop it first, then free its lease, then tell the others.
+
+        From the first step on it takes no request (503 with ``Retry-After``);
+        the stop finishes what is in flight; the others run a round at once,
+        so the next owner claims it without waiting for its own.
+        """
+        with self.leases.moving(container):
+            held = self.leases.take_back(container)
+            if held is None:
+                return
+            self.host.stop_container(container)
+            name = lease_register_name(container)
+            try:
+                self.registers.replace(name, held.record.released().encode(), held.version)
+            except (RegisterConflict, RegisterError) as exc:
+                log.warning("node %s could not release container %d (it expires instead): %s",
+                            self.node_id, container, exc)
+                return
+        log.info("node %s handed container %d over", self.node_id, container)
+        self._released(container)

@@ -39,12 +39,13 @@ class ClusterNode:
         failed: Callable[[int], bool] = lambda container: False,
         clock: Callable[[], float] | None = None,
         metrics: ClusterMetrics | None = None,
+        released: Callable[[int], None] = lambda container: None,
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, metrics=metrics, **extra,
+            lease_s=lease_s, metrics=metrics, released=released, **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,12 +80,16 @@ class ClusterNode:
     def holds(self, container: int) -> bool:
         return self.coordinator.holds(container)
 
+    def nudge(self) -> None:
+        """Run a round now: another node released a container."""
+        self.coordinator.nudge()
+
     def unreachable(self, node: str) -> None:
         """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""
         self.coordinator.unreachable(node)
 
-    def describe(self, container: int) -> str:
-        """Who serves ``container``, or what a takeover of it waits for (``Coordinator.describe``)."""
+    def describe(self, container: int) -> tuple[str, float]:
+        """Who serves ``container``, or what a takeover of it waits for, and for about how long."""
         return self.coordinator.describe(container)
 
     def start(self) -> None:
@@ -97,6 +102,7 @@ class ClusterNode:
     def stop(self, *, hand_over: bool = True) -> None:
         """Stop the rounds; hand every container over cleanly unless told not to."""
         self._stop.set()
+        self.coordinator.nudge()  # the round waiting for its next turn ends now
         if self._thread is not None:
             self._thread.join(30)
         if hand_over:

@@ -145,6 +145,13 @@ def _writer_event_number(store: LocalStore, doc: dict[str, Any]) -> dict[str, An
     return {"event_number": store.writer_event_number(str(doc["name"]), uuid.UUID(doc["writer_id"]))}
 
 
+def _round(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
+    """Another node released a container: run a round now, so its next owner claims it at once."""
+    if store.node is not None:
+        store.node.nudge()
+    return {}
+
+
 _OPS: dict[str, Callable[[LocalStore, dict[str, Any]], dict[str, Any]]] = {
     "list": _list,
     "heads": _heads,
@@ -153,4 +160,5 @@ _OPS: dict[str, Callable[[LocalStore, dict[str, Any]], dict[str, Any]]] = {
     "delete": _delete,
     "composite": _composite,
     "writer_event_number": _writer_event_number,
+    "round": _round,
 }

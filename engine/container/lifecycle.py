@@ -22,7 +22,7 @@ import time
 from engine import naming
 from engine.config import Settings, tier2_location
 from engine.container import state as states
-from engine.durable_log.durable_log import DurableLog
+from engine.durable_log.durable_log import DurableLog, RecoveryStopped
 from engine.errors import ContainerNotReady, Misconfigured, SegstoreError, StorageFull
 from engine.metadata import operations as ops
 from engine.metadata.container_metadata import ContainerMetadata
@@ -40,10 +40,6 @@ _FULL_RETRY_S = 1.0
 # A Tier 2 that does not answer at start is tried again with a backoff up to this.
 _TIER2_RETRY_MAX_S = 10.0
 _READABLE = frozenset({states.RUNNING, states.READ_ONLY})
-
-
-class _Stopping(Exception):
-    """The container was closed while its recovery waited."""
 
 
 class ContainerLifecycle:
@@ -70,6 +66,8 @@ class ContainerLifecycle:
         self._draining = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()  # the end of recovery (components start) against close
+        self._running = False  # the durable log and storage writer started
         # Past this, an append of the largest size is refused: the container counts as throttled.
         self._throttled_above = max(
             self._backlog_max - self.settings.max_append_bytes, self._backlog_max // 2
@@ -87,22 +85,30 @@ class ContainerLifecycle:
 
         A full Tier 1 holds the container read-only until the epoch's
         checkpoint fits; a Tier 2 that does not answer is waited for; one that
-        refuses us (no bucket, bad credentials) is a misconfiguration.
+        refuses us (no bucket, bad credentials) is a misconfiguration. A
+        container closed meanwhile abandons its recovery at the next step
+        (``close`` does not wait for it) and starts nothing.
         """
         started = time.monotonic()
         try:
-            replayed = self.durable_log.replay()
+            replayed = self.durable_log.replay(self._stopping)
             self.durable_log.check_recovered_data()
+            self._check_stopping()
             self._begin_epoch()
             self._reach_tier2()
-            self.durable_log.start()
-            self.storage_writer.start()
+            with self._start_lock:
+                self._check_stopping()
+                self.durable_log.start()
+                self.storage_writer.start()
+                self._running = True
             threading.Thread(
                 target=self._reap_transactions,
                 name=f"reaper-{self.container_id}",
                 daemon=True,
             ).start()
-        except _Stopping:
+        except RecoveryStopped:
+            log.info("container %d: recovery abandoned, the container stopped", self.container_id)
+            self.durable_log.close()
             return
         except Misconfigured as exc:
             self.misconfigured = exc.detail
@@ -112,17 +118,24 @@ class ContainerLifecycle:
             self._failure = exc
         else:
             self._phase = states.RUNNING
+            took = time.monotonic() - started
             log.info(
-                "container %d: epoch %d, %d operations replayed in %.2fs",
+                "container %d: epoch %d, %d operations replayed in %.2fs (%.0f a second)",
                 self.container_id,
                 self.metadata.epoch,
                 replayed,
-                time.monotonic() - started,
+                took,
+                replayed / max(took, 1e-6),
             )
+            self.metrics.recovery_operations.labels(str(self.container_id)).set(replayed)
         finally:
             self.recovery_s = time.monotonic() - started
             self.metrics.recovery_seconds.labels(str(self.container_id)).set(self.recovery_s)
             self._ready.set()
+
+    def _check_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise RecoveryStopped(f"container {self.container_id} stopped during its recovery")
 
     def _begin_epoch(self) -> None:
         """Write the new epoch's checkpoint; while Tier 1 is full, serve reads and try again."""
@@ -141,7 +154,7 @@ class ContainerLifecycle:
                     )
                     self._phase = states.READ_ONLY
             if self._stopping.wait(_FULL_RETRY_S):
-                raise _Stopping
+                raise RecoveryStopped
 
     def _reach_tier2(self) -> None:
         """Collect garbage in Tier 2, waiting out an outage; a Tier 2 that refuses us is Misconfigured."""
@@ -161,7 +174,7 @@ class ContainerLifecycle:
                     backoff_s,
                 )
             if self._stopping.wait(backoff_s):
-                raise _Stopping
+                raise RecoveryStopped
             backoff_s = min(backoff_s * 2, _TIER2_RETRY_MAX_S)
 
     def _collect_garbage(self) -> None:
@@ -254,15 +267,20 @@ class ContainerLifecycle:
             ) from self._failure
 
     def close(self) -> None:
+        """Stop: no new request is taken, what is in flight finishes, the log closes.
+
+        A recovery under way is not waited for: it stops at its next step and
+        closes the log itself.
+        """
         if self._closed:
             return
         self._closed = True
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
+        with self._start_lock:
+            running = self._running
         self.storage_reader.finish()
         self.read_index.close()
-        if self._failure is None:
+        if running and self._failure is None:
             self.storage_writer.close()
             self.durable_log.close()
 

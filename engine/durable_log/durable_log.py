@@ -7,10 +7,11 @@ before it, the durable log applies the batch to the metadata, the read index
 and the in-memory operation log (``OperationLog``, which the storage writer
 reads).
 
-Checkpoints: every start, and after ``checkpoint_every_bytes`` of log, a
-batch begins with a ``MetadataCheckpoint``. Recovery replays from the first
-checkpoint in the log; Tier 1 is truncated at the newest checkpoint below
-the storage writer's lowest unflushed sequence number.
+Checkpoints: every start, and after ``checkpoint_every_bytes`` of log,
+``checkpoint_every_operations`` operations or ``checkpoint_every_s``
+seconds, a batch begins with a ``MetadataCheckpoint``. Recovery replays from
+the first checkpoint in the log; Tier 1 is truncated at the newest
+checkpoint below the storage writer's lowest unflushed sequence number.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from engine.metrics import EngineMetrics
 from engine.reads.read_index import ReadIndex
 
 log = logging.getLogger(__name__)
+
+# Replay applies the operations of the log in batches of about this many.
+_REPLAY_BATCH = 4096
+
+
+class RecoveryStopped(Exception):
+    """The container was stopped while it recovered: the recovery is abandoned, nothing is written."""
 
 
 class DurableLog:
@@ -77,29 +85,40 @@ class DurableLog:
         self.begin_epoch()
         return replayed
 
-    def replay(self) -> int:
+    def replay(self, stopping: threading.Event | None = None) -> int:
         """Rebuild metadata, memory log and read index from Tier 1; returns operations replayed.
 
-        Reads are possible afterwards; writes only after ``begin_epoch``.
+        Operations are applied in batches (one metadata lock and one memory
+        log append per batch, not per operation). Reads are possible
+        afterwards; writes only after ``begin_epoch``. ``stopping`` set: the
+        container stops, and the replay is abandoned (``RecoveryStopped``).
         """
         replayed = 0
         started = False
         batches = log_call(self.data_log, lambda: list(self.data_log.recover()))
+        pending: list[ops.Operation] = []
         for batch in batches:
+            if stopping is not None and stopping.is_set():
+                raise RecoveryStopped(f"container {self.metadata.container_id} stopped during its recovery")
             for op in ops.decode_all(batch.payload):
-                if isinstance(op, ops.MetadataCheckpoint):
-                    if not started:
-                        self.metadata.restore(op.snapshot, op.seq)
-                        started = True
-                    else:
-                        self.metadata.epoch = max(self.metadata.epoch, op.snapshot["epoch"])
-                        self.metadata.seq = max(self.metadata.seq, op.seq)
-                    self._checkpoints.append((op.seq, batch.first_frame_seq))
+                if not isinstance(op, ops.MetadataCheckpoint):
+                    if started:  # before the first checkpoint: already in Tier 2
+                        pending.append(op)
                     continue
+                self._apply(pending)
+                replayed, pending = replayed + len(pending), []
                 if not started:
-                    continue  # before the first checkpoint: already in Tier 2
-                self._apply([op])
-                replayed += 1
+                    self.metadata.restore(op.snapshot, op.seq)
+                    started = True
+                else:
+                    self.metadata.epoch = max(self.metadata.epoch, op.snapshot["epoch"])
+                    self.metadata.seq = max(self.metadata.seq, op.seq)
+                self._checkpoints.append((op.seq, batch.first_frame_seq))
+            if len(pending) >= _REPLAY_BATCH:
+                self._apply(pending)
+                replayed, pending = replayed + len(pending), []
+        self._apply(pending)
+        replayed += len(pending)
         if batches and not started:
             raise DataCorrupted("the Tier 1 log holds writes but no metadata checkpoint")
         self.metadata.epoch += 1
@@ -121,7 +140,7 @@ class DurableLog:
             raise
         self._apply([checkpoint])
         self._checkpointed(checkpoint.seq, address)
-        self.processor.bytes_since_checkpoint = 0
+        self.processor.count_from_checkpoint()
 
     def _checkpointed(self, seq: int, address: int) -> None:
         """A checkpoint is durable at frame ``address``: Tier 1 may later be truncated there."""

@@ -15,9 +15,11 @@ written by one of as many writer threads; batches are committed strictly in
 order. When a write fails, the processor waits until none is running, the
 log abandons it and every write begun after it, and all their callers fail:
 the updaters are thrown away (that is the rollback) and their sequence
-numbers are burnt. After ``checkpoint_every_bytes`` of log a batch begins
-with a ``MetadataCheckpoint``, once no write is in flight (its snapshot is
-the committed metadata).
+numbers are burnt. After ``checkpoint_every_bytes`` of log,
+``checkpoint_every_operations`` operations or ``checkpoint_every_s`` seconds
+(whichever comes first) a batch begins with a ``MetadataCheckpoint``, once no
+write is in flight (its snapshot is the committed metadata): the log a
+recovery replays holds a few seconds of writes, whatever the container's age.
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ def _appended_bytes(op: ops.Operation) -> int:
     if isinstance(op, ops.Composite):
         return sum(part.length for part in op.parts if isinstance(part, ops.Append))
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Since:
+    """What the log took since its last checkpoint: bytes, operations, and when it was begun."""
+
+    bytes: int
+    operations: int
+    at: float  # time.monotonic()
+    forced: bool = False  # the next batch begins with a checkpoint, whatever the counts
 
 
 @dataclass(slots=True)
@@ -120,7 +132,7 @@ class OperationProcessor:
         self._writers: list[threading.Thread] = []
         self._queued_bytes = 0  # of the appends queued
         self._write_seconds = 0.0  # moving average of a Tier 1 write's latency
-        self.bytes_since_checkpoint = 0
+        self._since_checkpoint = _Since(0, 0, time.monotonic())
         # Why the last Tier 1 write failed for want of space (None once a write succeeds again).
         self.full: str | None = None
 
@@ -160,11 +172,33 @@ class OperationProcessor:
             self._cond.notify()
         return future
 
+    def count_from_checkpoint(self) -> None:
+        """A checkpoint was begun: the log's size, operations and age count from here."""
+        self._since_checkpoint = _Since(0, 0, time.monotonic())
+
+    def checkpoint_next(self) -> None:
+        """Begin the next batch with a checkpoint (the last one failed, or a stop asks for one)."""
+        self._since_checkpoint = _Since(0, 0, time.monotonic(), forced=True)
+
+    def _checkpoint_due(self) -> bool:
+        """Whether the next batch begins with a checkpoint: enough bytes, operations or time since the last.
+
+        Time counts only once the log took an operation after the checkpoint:
+        an idle container writes none.
+        """
+        since, s = self._since_checkpoint, self.settings
+        return (
+            since.forced
+            or since.bytes >= s.checkpoint_every_bytes
+            or since.operations >= s.checkpoint_every_operations
+            or (since.operations > 0 and time.monotonic() - since.at >= s.checkpoint_every_s)
+        )
+
     def _may_begin(self) -> bool:
         """Whether a new batch may begin: room in flight, no failure pending, no checkpoint waiting."""
         if self._failing or len(self._batches) >= self.data_log.max_writes_in_flight:
             return False
-        return not (self._batches and self.bytes_since_checkpoint >= self.settings.checkpoint_every_bytes)
+        return not (self._batches and self._checkpoint_due())
 
     def _wait_to_begin(self) -> float:
         """Seconds until the queued requests are worth a write besides those in flight (<= 0: now)."""
@@ -238,7 +272,7 @@ class OperationProcessor:
         """Validate a batch on top of those in flight and begin its Tier 1 write."""
         parent = self._batches[-1].updater if self._batches else None
         batch = _Batch(items, MetadataUpdater(self.metadata, parent))
-        if self.bytes_since_checkpoint >= self.settings.checkpoint_every_bytes:
+        if self._checkpoint_due():
             assert parent is None, "a checkpoint snapshots the committed metadata: nothing may be in flight"
             items.insert(0, _Pending(ops.MetadataCheckpoint(), Completion(), time.monotonic()))
         for item in items:
@@ -259,9 +293,12 @@ class OperationProcessor:
                 batch.error = exc
                 self._failing = True
             else:
-                self.bytes_since_checkpoint += len(payload)
                 if isinstance(batch.logged[0], ops.MetadataCheckpoint):
-                    self.bytes_since_checkpoint = 0
+                    self.count_from_checkpoint()
+                since = self._since_checkpoint
+                self._since_checkpoint = _Since(
+                    since.bytes + len(payload), since.operations + len(batch.logged), since.at
+                )
         with self._cond:
             self._batches.append(batch)
             batch.done = batch.write is None
@@ -374,7 +411,7 @@ class OperationProcessor:
                 error = ContainerNotReady(f"Tier 1 write failed: {cause}", retry_after_s=1)
         batches[-1].updater.burn_sequence_numbers()
         if any(b.logged and isinstance(b.logged[0], ops.MetadataCheckpoint) for b in batches):
-            self.bytes_since_checkpoint = self.settings.checkpoint_every_bytes  # the next one leads with it
+            self.checkpoint_next()
         log.error("container %d: %s", self.metadata.container_id, error.detail)
         for i, batch in enumerate(batches):
             for item in batch.items:

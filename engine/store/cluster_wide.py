@@ -12,18 +12,23 @@ refused, never silently short.
 from __future__ import annotations
 
 import builtins
+import logging
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from engine.cluster.peer_service import ServedSegments
 from engine.cluster.peers import PeerClient, PeerSegments
 from engine.config import Settings
-from engine.errors import ContainerNotReady
+from engine.errors import ContainerNotReady, SegstoreError
 from engine.naming import container_for
 from engine.types import SegmentInfo
 
 if TYPE_CHECKING:
     from engine.cluster.node import ClusterNode  # boto3: imported only by a cluster node
+
+
+log = logging.getLogger(__name__)
 
 
 class LocalStore(ServedSegments, Protocol):
@@ -43,6 +48,19 @@ class ClusterWide:
         self.store = store
         self.node = node
         self.client = client
+
+    def nudge(self) -> None:
+        """Ask every other live node to run a round now (this node released a container)."""
+        view = self.node.view()
+        for node, url in view.nodes.items():
+            if node != self.node.node_id:
+                threading.Thread(target=self._nudge, args=(node, url), name="nudge", daemon=True).start()
+
+    def _nudge(self, node: str, url: str) -> None:
+        try:
+            self.client.call(node, url, "round", {})
+        except SegstoreError as exc:
+            log.info("node %s was not told to run a round: %s", node, exc.detail)
 
     def placement(self, containers: Iterable[int]) -> tuple[list[int], dict[Node, list[int]]]:
         """The containers served here, and the others by the node serving them.

@@ -66,6 +66,7 @@ class ContainerHosting:
         self._wide: ClusterWide | None = None
         self._peer_transport = peer_transport
         self._host_serial: dict[int, int] = {}
+        self._hosting = threading.Lock()  # a container's start (rounds) against another's stop (stops)
         self._hosted = 0
         self._started = threading.Event()
         self._announcer: threading.Thread | None = None
@@ -108,7 +109,7 @@ class ContainerHosting:
         self._node = ClusterNode.on_s3(
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
-            failed=self._hosted_failed, metrics=self._cluster_metrics,
+            failed=self._hosted_failed, metrics=self._cluster_metrics, released=self._released,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
@@ -123,16 +124,29 @@ class ContainerHosting:
         claimed_at = time.monotonic()
         container = self._build_container(container_id)
         container.start()
-        self._hosted += 1
-        self._host_serial[container_id] = self._hosted
-        self._by_id[container_id] = container
-        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        with self._hosting:
+            self._hosted += 1
+            self._host_serial[container_id] = self._hosted
+            self._by_id[container_id] = container
+            self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         threading.Thread(target=self._record_once_ready, args=(container, claimed_at), daemon=True).start()
 
+    def _released(self, container_id: int) -> None:
+        """This node handed ``container_id`` over: the others run a round, and its next owner claims it."""
+        if self._wide is not None:
+            self._wide.nudge()
+
     def _record_once_ready(self, container: SegmentContainer, claimed_at: float) -> None:
+        """Once recovered: the takeover's time, the store record, and the other nodes told to look.
+
+        They run a round at once and forward the container's requests here,
+        instead of at their next round.
+        """
         container.wait_started()
         if container.ready:
             self._cluster_metrics.takeover_seconds.observe(time.monotonic() - claimed_at)
+            if self._wide is not None:
+                self._wide.nudge()
             self._folder.write_record()
 
     def _hosted_failed(self, container_id: int) -> bool:
@@ -142,8 +156,9 @@ class ContainerHosting:
 
     def _unhost(self, container_id: int) -> None:
         """Stop serving a container: no new requests, those in flight finish, its log closes."""
-        container = self._by_id.pop(container_id, None)
-        self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
+        with self._hosting:
+            container = self._by_id.pop(container_id, None)
+            self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         if container is not None:
             container.close()
 
@@ -272,7 +287,8 @@ class ContainerHosting:
     def _served(self, container_id: int) -> SegmentContainer:
         container = self._by_id.get(container_id)
         if container is None or (self._node is not None and not self._node.holds(container_id)):
-            raise ContainerNotReady(self._elsewhere(container_id))
+            why, wait_s = self._elsewhere(container_id)
+            raise ContainerNotReady(why, retry_after_s=wait_s)
         return container
 
     def _source(self, name: str) -> cross_container.Source:
@@ -302,9 +318,10 @@ class ContainerHosting:
         if self._node is not None:
             self._node.unreachable(node)
 
-    def _elsewhere(self, container_id: int) -> str:
+    def _elsewhere(self, container_id: int) -> tuple[str, float]:
+        """Why ``container_id`` is not served here, and about how long until it is served again."""
         if self._node is None:
-            return f"container {container_id} is not served here"
+            return f"container {container_id} is not served here", 1.0
         return self._node.describe(container_id)
 
     def container_of(self, name: str) -> int:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from engine.cluster.coordinator import ClusterMismatch, Coordinator
+from engine.cluster.coordinator import RECOVERY_S, ClusterMismatch, Coordinator
 from engine.cluster.records import LeaseRecord
 from engine.cluster.registers import MemoryRegisters, Register, RegisterError, S3Registers
 from engine.metrics import ClusterMetrics
@@ -85,6 +85,7 @@ class Cluster:
         self.hosts: dict[str, Host] = {}
         self.cuts: dict[str, Cut] = {}
         self.registries: dict[str, CollectorRegistry] = {}
+        self.released: list[tuple[str, int]] = []  # (node, container) each hand-over announced
 
     def add(self, node: str) -> Coordinator:
         cut = Cut(self.registers)
@@ -93,6 +94,7 @@ class Cluster:
         coordinator = Coordinator(
             cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
             lease_s=LEASE_S, clock=self.clock, metrics=ClusterMetrics(self.registries[node]),
+            released=lambda container: self.released.append((node, container)),
         )
         coordinator.join()
         self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
@@ -158,24 +160,27 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
 
 
-def test_a_dead_owners_container_says_what_its_takeover_waits_for() -> None:
+def test_a_dead_owners_container_says_what_its_takeover_waits_for_and_how_long() -> None:
     cluster = Cluster(3)
     for node in ("a", "b", "c"):
         cluster.add(node)
     cluster.rounds(10)
     (lost,) = cluster.nodes["b"].held()
-    assert cluster.nodes["a"].describe(lost) == f"container {lost} is served by node b"
-    assert cluster.nodes["b"].describe(lost) == f"container {lost}: node b took it over and is recovering it"
+    assert cluster.nodes["a"].describe(lost) == (f"container {lost} is served by node b", RECOVERY_S)
+    assert cluster.nodes["b"].describe(lost) == (
+        f"container {lost}: node b took it over and is recovering it", RECOVERY_S
+    )
     cluster.rounds(2, ["a", "c"])  # b is dead: its lease keeps its version
     cluster.nodes["a"].unreachable("b")  # a request forwarded to it was refused
-    said = cluster.nodes["a"].describe(lost)
+    said, wait_s = cluster.nodes["a"].describe(lost)
     assert said.startswith(f"container {lost}: waiting for node b's lease to run out, about ")
     left = int(said.split("about ")[1].split(" s")[0])
     assert 0 < left < LEASE_S
+    assert left - 1 < wait_s - RECOVERY_S <= left  # the Retry-After: the lease's rest, then a recovery
     cluster.rounds(3, ["a", "c"])
     (taker,) = [node for node in ("a", "c") if lost in cluster.nodes[node].held()]
     other = "a" if taker == "c" else "c"
-    assert cluster.nodes[other].describe(lost) == f"container {lost} is served by node {taker}"
+    assert cluster.nodes[other].describe(lost)[0] == f"container {lost} is served by node {taker}"
     assert cluster.metric(taker, "segstore_cluster_takeovers_total", lease="expired") == 1
     assert cluster.metric(taker, "segstore_cluster_leases_held") == 2
     assert cluster.metric(taker, "segstore_cluster_lease_renewals_total") > 0
@@ -257,6 +262,7 @@ def test_a_joining_node_gets_its_share_by_graceful_handover() -> None:
     assert counts(cluster.held(), ["a", "b", "c"]) == [2, 2, 2]
     assert cluster.owned_once_by(["a", "b", "c"])
     assert stopped_while_leased and all(stopped_while_leased)
+    assert len(cluster.released) == len(stopped_while_leased)  # each announced: c claims it at once
     # handed over, not expired: the newcomer has its share well before a lease could run out twice
     assert cluster.clock.now - joined_at <= 10 * LEASE_S / 3
 
@@ -385,27 +391,64 @@ def test_two_nodes_on_s3_split_the_containers_and_one_takes_all_when_the_other_l
     assert set(nodes[1].view().owners.values()) == {"b"}
 
 
-def test_a_round_long_enough_to_let_leases_run_out_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    """Such rounds let leases run out while the node lives: the log says why containers moved."""
+def test_renewals_slow_enough_to_let_leases_run_out_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Such renewals let leases run out while the node lives: the log says why containers moved."""
     cluster = Cluster(4)
     node = cluster.add("a")
     stop = threading.Event()
 
-    ticks = [LEASE_S * 0.45, LEASE_S * 0.5]  # the margin: 0.8 lease less a third, about 0.47 lease
+    passes = [LEASE_S * 0.45, LEASE_S * 0.5]  # the margin: 0.8 lease less a third, about 0.47 lease
 
-    def slow_tick() -> None:
-        cluster.clock.now += ticks.pop(0)
-        if not ticks:
+    def slow_renewals() -> None:
+        cluster.clock.now += passes.pop(0)
+        if not passes:
             stop.set()
 
-    node.tick = slow_tick  # type: ignore[method-assign]
+    node.renew = slow_renewals  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="engine.cluster.coordinator"):
-        node.run(stop)
-    (record,) = caplog.records  # the second round only
+        node._run_renewals(stop)
+    (record,) = caplog.records  # the second pass only
     assert record.getMessage().startswith(
-        f"node a: a cluster round took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
+        f"node a: renewing its leases took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
         f"runs out {LEASE_S * 0.8:.1f} s after its renewal began"
     )
+
+
+class StalledListings(MemoryRegisters):
+    """A bucket whose listings (a round's first step) wait while ``stalled`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = threading.Event()
+        self.released = threading.Event()
+
+    def names(self, prefix: str) -> list[str]:
+        if self.stalled.is_set():
+            self.released.wait(10)
+        return super().names(prefix)
+
+
+def test_renewals_never_wait_behind_a_round() -> None:
+    registers = StalledListings()
+    lease_s = 0.3
+    node = Coordinator(registers, node_id="a", url="http://a", container_count=4,
+                       host=Host("a", registers), lease_s=lease_s)
+    node.join()
+    node.tick()
+    assert node.held() == [0, 1, 2, 3]
+    registers.stalled.set()  # every round from now on waits for its listing
+    stop = threading.Event()
+    runner = threading.Thread(target=node.run, args=(stop,))
+    runner.start()
+    try:
+        until = time.monotonic() + 6 * lease_s
+        while time.monotonic() < until:
+            assert node.held() == [0, 1, 2, 3]
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        registers.released.set()
+        runner.join()
 
 
 class SlowReads(MemoryRegisters):

@@ -177,3 +177,17 @@ def test_a_restart_on_a_full_disk_serves_reads_from_real_files(
     store.start(wait=True)
     assert store.read("s", 0).data == b"kept+new"
     store.close()
+
+
+def test_a_container_closed_during_its_recovery_does_not_wait_for_it(node: Node) -> None:
+    node.store.create("s")
+    node.store.append("s", b"kept")
+    node.restart(wait=False, hold_tier1=True)  # recovery waits to write the new epoch's checkpoint
+    wait_until(lambda: node.data_log.writes and not node.data_log.gate.is_set(), what="recovery under way")
+    node.store.close()  # returns although the recovery still waits
+    assert node.container.state == state.STOPPED
+    written = len(node.data_log.writes)
+    node.data_log.gate.set()
+    assert node.container.wait_started(5)
+    assert not node.container.ready and node.container.failure is None
+    assert len(node.data_log.writes) <= written + 1  # at most the epoch's checkpoint: nothing started

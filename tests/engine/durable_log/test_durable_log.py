@@ -171,6 +171,38 @@ def test_checkpoint_at_start_and_every_checkpoint_bytes(make_node: Callable[...,
     assert min(gaps) >= 4, leads  # not one in every write once the first 1000 bytes are logged
 
 
+def _checkpoint_leads(node: Node) -> list[bool]:
+    return [
+        isinstance(ops.decode_all(batch.payload)[0], ops.MetadataCheckpoint)
+        for buf in node.data_log.writes
+        for batch in iter_batches(buf)
+    ]
+
+
+def test_checkpoint_every_checkpoint_operations(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(checkpoint_every_operations=5)
+    monkeypatch.setattr(node.data_log, "truncate", lambda frame_seq: 0)  # keep every write to look at
+    node.store.create("s")
+    for _ in range(30):
+        node.store.append("s", b"x")  # one operation per write, a few bytes
+    checkpoints = [i for i, lead in enumerate(_checkpoint_leads(node)) if lead]
+    assert len(checkpoints) >= 6, checkpoints  # the start one, then one per 5 operations
+    assert all(b - a <= 6 for a, b in itertools.pairwise(checkpoints)), checkpoints
+
+
+def test_checkpoint_every_checkpoint_seconds_only_once_something_was_logged(
+    make_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(checkpoint_every_s=0.0)
+    monkeypatch.setattr(node.data_log, "truncate", lambda frame_seq: 0)  # keep every write to look at
+    node.store.create("s")
+    for _ in range(3):
+        node.store.append("s", b"x")
+    assert _checkpoint_leads(node) == [True, False, True, True, True]  # each write after one that logged
+
+
 def test_backlog_limit_throttles_appends(make_node: Callable[..., Node]) -> None:
     node = make_node(tier1_backlog_max_bytes=1000, flush_threshold_ms=60_000, flush_threshold_bytes=1 << 20)
     node.store.create("s")
