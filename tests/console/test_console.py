@@ -210,8 +210,8 @@ def test_buckets_durable_streams_and_reader_groups_pages(
     _no_script_ran(driver)
 
     _open(driver, url, f"reader-groups?scope={made['stream'][0]}&group=readers")
-    wait_for_text(driver, "main", "No reader groups")
-    _shot(driver, tmp_path, "reader-groups")
+    wait_for_text(driver, "#no-reader-group", "does not exist")
+    _shot(driver, tmp_path, "no-reader-group")
 
 
 def test_hostile_segment_names_show_as_text(
