@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 import requests
@@ -69,10 +69,12 @@ def _rows(driver: Any, table: str) -> list[list[str]]:
             for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
 
 
-def _no_script_ran(driver: Any) -> None:
+def _no_script_ran(driver: Any, expected: tuple[str, ...] = ("404",)) -> None:
+    """No name ran or became an element; the browser logged no error but the ``expected`` statuses."""
     assert driver.execute_script("return window.pwned === undefined"), "a name ran as markup"
     assert not driver.find_elements(By.CSS_SELECTOR, "main img"), "a name became an element"
-    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "404" not in e["message"]]
+    errors = [e for e in driver.get_log("browser")
+              if e["level"] == "SEVERE" and not any(status in e["message"] for status in expected)]
     assert not errors, errors
 
 
@@ -210,8 +212,77 @@ def test_buckets_durable_streams_and_reader_groups_pages(
     _no_script_ran(driver)
 
     _open(driver, url, f"reader-groups?scope={made['stream'][0]}&group=readers")
-    wait_for_text(driver, "main", "No reader groups")
-    _shot(driver, tmp_path, "reader-groups")
+    wait_for_text(driver, "#no-reader-group", "does not exist")
+    _shot(driver, tmp_path, "no-reader-group")
+
+
+def _events(url: str, n: int, first: int = 0) -> None:
+    for i in range(first, first + n):
+        answer = requests.post(f"{url}/events", data=f"entry {i}".encode(),
+                               headers={"Routing-Key": f"account-{i % 5}"}, timeout=TIMEOUT_S)
+        answer.raise_for_status()
+
+
+def test_the_reader_groups_page_shows_a_lagging_reader_its_positions_and_the_unassigned_segments(
+    cluster: tuple[LocalCluster, dict[str, Any]], driver: Any, tmp_path: Path
+) -> None:
+    nodes, made = cluster
+    url = nodes.nodes["c"].url
+    scope, scaled = made["stream"]
+    base = f"{url}/v1/scopes/{scope}"
+    s = requests.Session()
+    s.put(f"{base}/streams/ledger", json={"segments": 2}, timeout=TIMEOUT_S).raise_for_status()
+    _events(f"{base}/streams/ledger", 20)
+    group = f"{base}/reader-groups/billing"
+    s.put(group, json={"streams": ["ledger"], "lease_s": 120}, timeout=TIMEOUT_S).raise_for_status()
+    reader_url = f"{group}/readers/r-1"
+    generation = s.post(f"{group}/readers", json={"reader": "r-1"}, timeout=TIMEOUT_S).json()["generation"]
+    served = {"generation": generation, "max_bytes": 16, "wait": 5}  # a few events of the twenty
+    fetched = s.get(f"{reader_url}/events", params=served, timeout=TIMEOUT_S).json()
+    committed = {"generation": generation, "positions": fetched["positions"]}
+    s.post(f"{reader_url}/positions", json=committed, timeout=TIMEOUT_S).raise_for_status()
+    _events(f"{base}/streams/ledger", 10, first=20)
+    answer = s.get(group, timeout=TIMEOUT_S).json()
+    [reader] = answer["readers"]
+    assert reader["lag_bytes"] > 0 and any(reader["segments"].values()), answer
+
+    _open(driver, url, f"reader-groups?scope={scope}&group=billing")
+    wait_for_text(driver, "#readers", "r-1")
+    assert _rows(driver, "readers") == [
+        ["r-1", str(generation), str(len(reader["segments"])), f"{reader['lag_bytes']:,}"]]
+    held = reader["segments"].items()
+    assert _rows(driver, "positions") == [["r-1", segment, f"{at:,}", ""] for segment, at in held]
+    assert _rows(driver, "group-info")[0][:4] == [scope, "billing", "ledger", "120 s"]
+    assert not driver.find_elements(By.ID, "unassigned")
+    _shot(driver, tmp_path, "reader-group")
+    _no_script_ran(driver)
+
+    idle = f"{base}/reader-groups/archive"
+    s.put(idle, json={"streams": [scaled]}, timeout=TIMEOUT_S).raise_for_status()
+    unassigned = s.get(idle, timeout=TIMEOUT_S).json()["unassigned"]
+    _open(driver, url, f"reader-groups?scope={scope}&group=archive")
+    wait_for_text(driver, "#unassigned", "/")
+    assert _rows(driver, "unassigned") == [[segment, f"{at:,}"] for segment, at in unassigned.items()]
+    assert not driver.find_elements(By.ID, "readers")
+    _no_script_ran(driver)
+
+
+def test_a_hostile_reader_group_name_is_refused_and_shows_as_text(
+    cluster: tuple[LocalCluster, dict[str, Any]], driver: Any, tmp_path: Path
+) -> None:
+    nodes, made = cluster
+    url = nodes.nodes["a"].url
+    scope, stream = made["stream"]
+    refused = requests.put(f"{url}/v1/scopes/{scope}/reader-groups/{quote(HOSTILE, safe='')}",
+                           json={"streams": [stream]}, timeout=TIMEOUT_S)
+    assert refused.status_code == 400 and refused.json()["code"] == "InvalidName"
+    _open(driver, url, f"reader-groups?{urlencode({'scope': scope, 'group': HOSTILE})}")
+    wait_for_text(driver, "main [role=alert]", "InvalidName")
+    alert = driver.find_element(By.CSS_SELECTOR, "main [role=alert]").text
+    assert repr(HOSTILE) in alert  # the API's detail quotes the name as Python does
+    assert driver.find_element(By.NAME, "group").get_attribute("value") == HOSTILE
+    _shot(driver, tmp_path, "hostile-reader-group")
+    _no_script_ran(driver, expected=("400",))
 
 
 def test_hostile_segment_names_show_as_text(

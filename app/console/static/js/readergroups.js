@@ -1,8 +1,9 @@
-// Reader groups: a group's readers, their segments, positions and lag, its checkpoints, and the
+// Reader groups: a group's readers, their segments, positions and lag, its pending checkpoint, and the
 // segments unassigned or waiting for their predecessors (GET /v1/scopes/{scope}/reader-groups/{group}).
+// The API lists no scope's groups: the page opens one by name.
 
 import * as api from "./api.js";
-import { count, h, note, problem, section, table } from "./dom.js";
+import { count, h, link, note, problem, section, table } from "./dom.js";
 
 export async function render(main, params) {
   const scope = params.get("scope") || "";
@@ -24,45 +25,64 @@ export async function render(main, params) {
     state = await api.json(path);
   } catch (err) {
     if (err.status !== 404) return main.append(problem(err));
-    const what = err.code === "NotFound" ? "This server serves no reader groups." : `Scope ${scope} has no reader group ${group}.`;
-    return main.append(h("p", { class: "empty", id: "no-reader-groups" }, "No reader groups. ", what));
+    return main.append(h("p", { class: "empty", id: "no-reader-group" }, "No such reader group: ", err.detail));
   }
   main.append(...groupView(state));
 }
 
-/** Text for a value whose shape the table does not know: numbers counted, the rest as JSON. */
-function shown(value) {
-  if (value === null || value === undefined) return "–";
-  if (typeof value === "number") return count(value);
-  return typeof value === "string" ? value : JSON.stringify(value);
-}
+const segmentLink = (name) => link("segments", { name }, name);
 
-/** A member of ``state`` as a list of [key, entry], whether it is an array or an object by key. */
-function entries(value, key) {
-  if (!value) return [];
-  if (Array.isArray(value)) return value.map((entry) => [typeof entry === "object" && entry ? entry[key] : entry, entry]);
-  return Object.entries(value);
-}
+const offset = (value) => ({ value: count(value), class: "num" });
 
 function groupView(state) {
-  const readers = entries(state.readers, "reader").map(([id, r]) => [
-    shown(id ?? r.id),
-    shown(r.generation),
-    shown(r.segments ?? Object.keys(r.positions || {})),
-    shown(r.positions),
-    { value: shown(r.lag_bytes ?? r.lag), class: "num" },
+  const streams = state.streams.map((stream, i) => [i ? ", " : "", link("streams", { scope: state.scope, stream }, stream)]);
+  const readers = state.readers.map((r) => [
+    r.reader,
+    offset(r.generation),
+    offset(Object.keys(r.segments).length),
+    offset(r.lag_bytes),
   ]);
-  const segments = (member) =>
-    entries(state[member], "segment").map(([name, entry]) => [shown(name), shown(typeof entry === "object" ? entry : null)]);
-  const checkpoints = entries(state.checkpoints, "id").map(([id, c]) => [shown(id), shown(c)]);
+  const positions = state.readers.flatMap((r) =>
+    Object.entries(r.segments).map(([segment, at]) => [
+      r.reader,
+      segmentLink(segment),
+      offset(at),
+      r.releasing.includes(segment) ? "releasing" : "",
+    ]),
+  );
+  const unassigned = Object.entries(state.unassigned).map(([segment, at]) => [segmentLink(segment), offset(at)]);
+  const waiting = state.waiting.map((w) => [
+    segmentLink(w.segment),
+    w.predecessors.map((p, i) => [i ? ", " : "", segmentLink(p)]),
+  ]);
   return [
     section(
       "Group",
-      table(["streams", "lease"], [[shown(state.streams), state.lease_s ? `${state.lease_s} s` : "–"]]),
+      table(
+        ["scope", "group", "streams", "lease", "pending checkpoint"],
+        [[state.scope, state.group, streams, `${state.lease_s} s`, state.checkpoint ?? "none"]],
+        { id: "group-info" },
+      ),
     ),
-    section("Readers", readers.length ? table(["reader", "generation", "segments", "positions", "lag (bytes)"], readers, { id: "readers" }) : note("No readers.")),
-    section("Unassigned segments", table(["segment", "position"], segments("unassigned"))),
-    section("Waiting for predecessors", table(["segment", "waits for"], segments("waiting"))),
-    section("Checkpoints", checkpoints.length ? table(["checkpoint", "state"], checkpoints) : note("None.")),
+    section(
+      "Readers",
+      readers.length
+        ? table(["reader", "generation", "segments", "lag (bytes)"], readers, { id: "readers" })
+        : note("No readers: every segment waits unassigned."),
+    ),
+    section(
+      "Committed positions",
+      positions.length
+        ? table(["reader", "segment", "position", ""], positions, { id: "positions" })
+        : note("No reader holds a segment."),
+    ),
+    section(
+      "Unassigned segments",
+      unassigned.length ? table(["segment", "position"], unassigned, { id: "unassigned" }) : note("None."),
+    ),
+    section(
+      "Waiting for predecessors",
+      waiting.length ? table(["segment", "waits for"], waiting, { id: "waiting" }) : note("None."),
+    ),
   ];
 }
