@@ -151,6 +151,8 @@ def _chunk_of(
     """Whole events of ``segment`` from ``offset`` within ``budget`` bytes (one more if ``at_least_one``),
     None for none; and whether the segment is sealed and read to its end."""
     store = readers.ctl.store
+    if at_least_one:
+        budget = max(budget, HEADER_BYTES)  # a budget under an event's length prefix would find none
     try:
         read = store.read(segment, offset, budget, anywhere=True)
     except SegmentTruncated:

@@ -94,6 +94,18 @@ def test_events_are_served_once_committed_and_served_again_only_if_not(
     assert readers.describe("sc", "g")["readers"][0]["segments"] == {"sc/st/0": 12}
 
 
+@pytest.mark.parametrize("max_bytes", [1, 3, 4, 5])
+def test_a_fetch_smaller_than_an_events_length_prefix_still_answers_one_event(
+    ctl: Controller, readers: Readers, numbers: events.WriterNumbers, max_bytes: int
+) -> None:
+    make_stream(ctl, 1)
+    _write(ctl, numbers, 0, 1, "e1", "e2")
+    readers.create("sc", "g", ["st"], "head", 10)
+    gen, _ = readers.join("sc", "g", "a")
+    answer = fetch.fetch(readers, "sc", "g", "a", gen, 0.0, max_bytes)
+    assert [e.data for e in answer.events] == [b"e1"] and answer.positions == {"sc/st/0": 6}
+
+
 def test_an_expired_reader_loses_its_segments_and_gets_409(ctl: Controller, readers: Readers) -> None:
     make_stream(ctl, 2)
     readers.create("sc", "g", ["st"], "head", 0.2)
