@@ -1,13 +1,20 @@
 """The segstore format over streams: a batch read across splits and merges, a streaming query stopped
-and restarted across scalings, and the stream sink's exactly-once micro-batches."""
+and restarted across scalings, one killed in its own driver process and restarted from its checkpoint,
+and the stream sink's exactly-once micro-batches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -119,6 +126,71 @@ def test_a_streaming_query_stopped_and_restarted_across_scalings_reads_each_even
     assert query.exception() is None
     ordered = [value for batch_id in sorted(seen) for value in seen[batch_id]]
     assert_exactly_once_in_order(_numbers(ordered), dict(writers.written))
+
+
+DRIVER = Path(__file__).with_name("stream_driver.py")
+
+
+def _start_driver(
+    server: ServerProcess, stream: str, output: Path, checkpoint: Path, trigger: str
+) -> subprocess.Popen[bytes]:
+    """``stream_driver.py`` in a process group of its own: the driver, its JVM and Spark's Python workers."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    command = [sys.executable, str(DRIVER), server.url, stream, str(output), str(checkpoint), trigger]
+    return subprocess.Popen(command, env=env, start_new_session=True)
+
+
+def _log(output: Path) -> list[Path]:
+    """The file sink's log of committed micro-batches in order: ``N``, or ``N.compact`` (all up to N)."""
+    log = output / "_spark_metadata"
+    entries = [p for p in log.iterdir() if p.name[0].isdigit()] if log.is_dir() else []
+    return sorted(entries, key=lambda p: int(p.name.partition(".")[0]))
+
+
+def _committed(output: Path) -> list[bytes]:
+    """The lines of the files the file sink's log lists, batch after batch: only committed micro-batches."""
+    entries = _log(output)
+    compacted = [i for i, p in enumerate(entries) if p.name.endswith(".compact")]
+    files = []
+    for entry in entries[compacted[-1] if compacted else 0 :]:
+        for line in entry.read_text().splitlines()[1:]:  # after the version line
+            files.append(Path(urlparse(json.loads(line)["path"]).path))
+    return [line for file in files for line in file.read_bytes().splitlines()]
+
+
+def _kill_group(driver: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone once all of it exited
+        os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+
+
+@pytest.mark.process
+def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_delivers_each_event_once(
+    server: ServerProcess, client: SegmentClient, tmp_path: Path
+) -> None:
+    scope, stream = _new_stream(client, segments=2)  # 0 [0, .5), 1 [.5, 1)
+    streams = StreamClient(client)
+    output, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+    driver = _start_driver(server, f"{scope}/{stream}", output, checkpoint, "continuous")
+    try:
+        # Write once the query runs, so that its first micro-batch is small and lands soon.
+        wait_until((checkpoint / "metadata").exists, "the query started", timeout_s=120)
+        writers = KeyedWriters(client, scope, stream, KEYS, threads=2).start()
+        wait_until(lambda: len(_committed(output)) > 50, "a micro-batch landed", timeout_s=120)
+        streams.scale(scope, stream, [0], [(0.0, 0.25), (0.25, 0.5)])  # 2, 3
+        streams.scale(scope, stream, [3, 1], [(0.25, 1.0)])  # 4
+        batches = len(_log(output))
+        wait_until(lambda: len(_log(output)) > batches + 3, "micro-batches landed after the scalings", 60)
+    finally:
+        _kill_group(driver)  # mid-run: a micro-batch may be half written
+    streams.scale(scope, stream, [4], [(0.25, 0.6), (0.6, 1.0)])  # 5, 6, while no driver runs
+    writers.stop()
+    driver = _start_driver(server, f"{scope}/{stream}", output, checkpoint, "available-now")
+    try:
+        assert driver.wait(timeout=180) == 0
+    finally:
+        _kill_group(driver)
+    assert_exactly_once_in_order(_numbers(_committed(output)), dict(writers.written))
 
 
 def _sink_query(spark: Any, server: ServerProcess, source: str, target: str, checkpoint: Path) -> None:
