@@ -60,12 +60,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def process_group(item: pytest.Item) -> str:
-    """The xdist group of a test that starts processes (``pytest -n 2 --dist loadgroup``).
+    """The xdist group of a test that starts processes (``pytest -n 3 --dist loadgroup``).
 
     A module's tests form one group (they share module fixtures), which one
     worker runs in order; each worker takes the next group as it frees up,
-    so two such modules run side by side (one per core), and the tests that
-    start nothing fill the gaps. Spark's tests share one JVM: one group.
+    so as many such modules run side by side as there are workers, and the
+    tests that start nothing fill the gaps. Spark's tests share one JVM: one
+    group.
     """
     module = item.nodeid.split("::", 1)[0]
     return "spark" if module.startswith("tests/spark/") else module
