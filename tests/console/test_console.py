@@ -57,6 +57,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_cli
 
 
 def _open(driver: Any, url: str, view: str) -> None:
+    """Open a view; the browser's log so far (an earlier test's pages) is read and dropped first."""
+    driver.get_log("browser")
     driver.get(f"{url}/console/#/{view}")
 
 
