@@ -173,12 +173,6 @@ def test_a_joining_node_gets_its_share_by_hand_overs_and_clients_see_200s_and_fe
     assert {o.status for o in seen} <= {200, 503}, [o for o in seen if o.status not in (200, 503)]
     assert all(o.retry_after for o in seen if o.status == 503)
     assert any(o.node == "c" and o.status == 200 for o in seen)  # random writers used the new node
-    # A hand-over holds requests up to takeover_wait_s while the next owner recovers, so a writer sees
-    # one 503 at most; two when that recovery outlasts takeover_wait_s (a machine loaded ten times over).
-    for writer in writers:
-        if isinstance(writer, HttpWriter):
-            refused = [o for o in writer.outcomes if o.status == 503]
-            assert len(refused) <= 2, refused
 
 
 def test_a_killed_nodes_containers_serve_on_the_others_within_lease_and_recovery(cluster_of: Cluster) -> None:
