@@ -23,10 +23,11 @@ from bench.servers import ServerProcess
 TIER1_OPS_METRIC = "segstore_tier1_write_operations"
 
 
-def worker_pid(server: ServerProcess) -> int:
-    """The gunicorn worker: the arbiter's only child."""
+def worker_pids(server: ServerProcess) -> list[int]:
+    """The gunicorn workers: the arbiter's children (one per process of the node)."""
     assert server.proc is not None
     arbiter = server.proc.pid
+    pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -34,8 +35,15 @@ def worker_pid(server: ServerProcess) -> int:
             except OSError:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == arbiter:
-                return int(entry.name)
-    raise RuntimeError(f"no worker process under gunicorn {arbiter}")
+                pids.append(int(entry.name))
+    if not pids:
+        raise RuntimeError(f"no worker process under gunicorn {arbiter}")
+    return sorted(pids)
+
+
+def worker_pid(server: ServerProcess) -> int:
+    """The gunicorn worker of a one-process server."""
+    return worker_pids(server)[0]
 
 
 def process_cpu_s(pid: int) -> float:

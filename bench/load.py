@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import process_cpu_s, worker_pid
+from bench.common import process_cpu_s, worker_pids
 from bench.servers import ServerProcess
 
 HOST = "127.0.0.1"
@@ -87,8 +87,9 @@ class Connection:
 class LoadSpec:
     """Connections appending ``body_bytes`` to ``segment`` in a closed loop.
 
-    With ``spread``, connection ``i`` appends to ``spread[i % len(spread)]`` instead.
-    Every request carries ``headers``.
+    With ``spread``, connection ``i`` appends to ``spread[i % len(spread)]`` instead, and
+    with ``ports`` (one per name of ``spread``) sends it to that name's port: the owning
+    process's, as an owner-aware client does. Every request carries ``headers``.
     """
 
     port: int
@@ -99,6 +100,7 @@ class LoadSpec:
     duration_s: float
     spread: tuple[str, ...] = ()
     headers: Headers = ()
+    ports: tuple[int, ...] = ()
 
 
 @dataclass
@@ -140,7 +142,8 @@ async def _closed_loop(
 
 
 async def _drive(spec: LoadSpec, connections: int, barrier: Any) -> LoadTally:
-    conns = [Connection(spec.port) for _ in range(connections)]
+    ports = spec.ports or (spec.port,)
+    conns = [Connection(ports[i % len(ports)]) for i in range(connections)]
     for conn in conns:
         await conn.open()
     barrier.wait(60)
@@ -198,7 +201,7 @@ def run_load(
     procs = [ctx.Process(target=_client_process, args=(spec, n, barrier, results)) for n in shares]
     for p in procs:
         p.start()
-    worker = worker_pid(server)
+    workers = worker_pids(server)
     try:
         barrier.wait(60)
     except threading.BrokenBarrierError:
@@ -206,9 +209,9 @@ def run_load(
         raise RuntimeError(f"load generator did not start: {failures}") from None
     time.sleep(spec.warmup_s)
     before = metrics() if metrics else {}
-    cpu_before = process_cpu_s(worker)
+    cpu_before = sum(process_cpu_s(pid) for pid in workers)
     time.sleep(spec.duration_s)
-    cpu_after = process_cpu_s(worker)
+    cpu_after = sum(process_cpu_s(pid) for pid in workers)
     after = metrics() if metrics else {}
     tally, failures = collect_tallies(results, procs)
     if failures:
