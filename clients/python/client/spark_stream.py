@@ -243,7 +243,7 @@ class StreamStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: StreamOptions):
         self.options = options
-        self.keys = stream_sink.SinkKeys(options.sink_id)
+        self.keys = stream_sink.sink_keys(options.sink_id)
         with options.client() as client:
             options.target(client).prepare(streaming=True)
 
