@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 
 from app.scopes import records, steps
 from app.scopes.errors import ScopeNotFound, StreamConflict, StreamNotFound, StreamNotSealed
-from app.scopes.log import Loaded, Raced, RecordLog, now
 from app.scopes.names import SCOPE_MARKERS, STREAM_RECORDS, scope_marker, stream_of_record
+from app.scopes.record_log import Raced, RecordLog, now
 from app.settings import HttpSettings
 from engine import CreateStep, SealStep, SegmentExists, SegmentNotFound, SegmentStore
 
 # What a change makes of a stream's state: the line to append (kind, fields), or None for none.
-Judge = Callable[[Loaded], "tuple[str, dict] | None"]
+Judge = Callable[[records.LoadedStream], "tuple[str, dict] | None"]
 
 
 class Controller:
@@ -32,7 +32,7 @@ class Controller:
     def __init__(self, store: SegmentStore, http: HttpSettings) -> None:
         self.store = store
         self.http = http
-        self.log = RecordLog(store)
+        self.log: RecordLog[records.StreamState] = RecordLog(store, records.FORMAT)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -62,7 +62,9 @@ class Controller:
         return [stream_of_record(info.name)[1] for info in self.store.scan(prefix)]
 
     # ----------------------------------------------------------- streams
-    def create_stream(self, scope: str, stream: str, config: records.StreamConfig) -> tuple[Loaded, bool]:
+    def create_stream(
+        self, scope: str, stream: str, config: records.StreamConfig
+    ) -> tuple[records.LoadedStream, bool]:
         """Create the stream (True) or confirm one with the same configuration (False).
 
         StreamConflict for another configuration; SegmentExists when a name
@@ -81,11 +83,11 @@ class Controller:
             )
         return self.finish(loaded), created
 
-    def touch(self, scope: str, stream: str) -> Loaded:
+    def touch(self, scope: str, stream: str) -> records.LoadedStream:
         """The stream, loaded, with what its record left pending finished (as far as it can go now)."""
         return self.finish(self.log.load(scope, stream))
 
-    def finish(self, loaded: Loaded) -> Loaded:
+    def finish(self, loaded: records.LoadedStream) -> records.LoadedStream:
         """``steps.finish`` under the stream's lock (one finisher per stream in this process)."""
         if not steps.has_work(loaded.state, now()):
             return loaded
@@ -96,14 +98,16 @@ class Controller:
             raise StreamNotFound(f"stream {state.scope}/{state.stream} was deleted")
         return finished
 
-    def append_or_reload(self, loaded: Loaded, kind: str, **fields: object) -> Loaded:
+    def append_or_reload(
+        self, loaded: records.LoadedStream, kind: str, **fields: object
+    ) -> records.LoadedStream:
         """``loaded`` with a line appended, or, when another writer came first, the record as it is now."""
         try:
             return self.log.append(loaded, kind, **fields)
         except Raced:
             return self.log.load(loaded.state.scope, loaded.state.stream)
 
-    def change(self, scope: str, stream: str, judge: Judge) -> Loaded:
+    def change(self, scope: str, stream: str, judge: Judge) -> records.LoadedStream:
         """Append the line ``judge`` makes of the stream's current state, judging again after a race.
 
         ``judge(loaded)`` returns ``(kind, fields)``, or None when nothing is
@@ -120,10 +124,10 @@ class Controller:
             except Raced:
                 continue
 
-    def seal(self, scope: str, stream: str) -> Loaded:
+    def seal(self, scope: str, stream: str) -> records.LoadedStream:
         """Seal the stream: open transactions aborted, a pending scale completed, every segment sealed."""
 
-        def judge(loaded: Loaded) -> tuple[str, dict] | None:
+        def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
             return None if loaded.state.sealing else ("sealing", {"time": now()})
 
         return self.change(scope, stream, judge)
@@ -131,7 +135,7 @@ class Controller:
     def delete(self, scope: str, stream: str) -> None:
         """Delete a sealed stream, its segments and its record (StreamNotSealed otherwise)."""
 
-        def judge(loaded: Loaded) -> tuple[str, dict] | None:
+        def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
             if not loaded.state.sealed:
                 raise StreamNotSealed(f"stream {scope}/{stream} is not sealed; seal it first")
             return "deleting", {"time": now()}
@@ -163,4 +167,3 @@ class Controller:
             if lock is None:
                 lock = self._locks[record] = threading.Lock()
             return lock
-

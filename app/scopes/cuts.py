@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from app.scopes import ranges, records
 from app.scopes.controller import Controller
 from app.scopes.errors import StreamNotFound
-from app.scopes.log import Loaded, now
 from app.scopes.names import segment_name
+from app.scopes.record_log import now
 from engine import BadOffset, InvalidArgument, SegmentNotFound, SegmentTruncated
 
 
@@ -55,7 +55,7 @@ def parse(state: records.StreamState, positions: Mapping[str, object]) -> record
 def truncate(ctl: Controller, scope: str, stream: str, positions: Mapping[str, object]) -> records.Cut:
     """Truncate the stream at a cut; returns the new head. 410 for a cut before the head."""
 
-    def judge(loaded: Loaded) -> tuple[str, dict] | None:
+    def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
         cut = _reachable(ctl, loaded.state, parse(loaded.state, positions))
         return "truncating", {"cut": cut.to_json(), "time": now()}
 

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 
 from app.scopes import groups, records
-from app.scopes.group_log import LoadedGroup
 from app.scopes.names import segment_name
 from app.scopes.readers import Live, Readers, split_name
 from client.events import HEADER_BYTES
@@ -117,7 +116,7 @@ def _serve(
 
 
 def _read(
-    readers: Readers, loaded: LoadedGroup, live: Live, served: list[str], max_bytes: int, reader: str
+    readers: Readers, loaded: groups.LoadedGroup, live: Live, served: list[str], max_bytes: int, reader: str
 ) -> tuple[list[Chunk], dict[str, int], bool]:
     """Events from the ``served`` segments, the offset after them in each, and whether one ended."""
     state = loaded.state
@@ -183,7 +182,7 @@ def _whole(readers: Readers, segment: str, offset: int, wanted: int) -> bytes:
     return b"".join(pieces)
 
 
-def _end(readers: Readers, loaded: LoadedGroup, segment: str, reader: str) -> bool:
+def _end(readers: Readers, loaded: groups.LoadedGroup, segment: str, reader: str) -> bool:
     """Record ``segment`` ended (committed to the end of its seal), its ready successors opened; whether
     it was."""
     state = loaded.state
@@ -196,7 +195,7 @@ def _end(readers: Readers, loaded: LoadedGroup, segment: str, reader: str) -> bo
     if unknown and stream_state is not None and stream_state.segments[sid].sealed_in is None:
         return False  # its scale is not recorded done yet: its successors are not known
 
-    def judge(now_loaded: LoadedGroup) -> tuple[str, dict] | None:
+    def judge(now_loaded: groups.LoadedGroup) -> tuple[str, dict] | None:
         now_state = now_loaded.state
         if now_state.owner.get(segment) != reader:
             return None

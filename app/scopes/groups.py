@@ -32,10 +32,13 @@ of conditional appends) but assigned by the server (docs/design.md
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from app.scopes.errors import GroupNotFound
+from app.scopes.names import group_record
+from app.scopes.record_log import Loaded, RecordFormat
 
 # Completed checkpoints a group remembers (the oldest is forgotten first).
 CHECKPOINTS_KEPT = 16
@@ -123,17 +126,6 @@ def from_json(scope: str, group: str, doc: Mapping[str, Any]) -> GroupState:
 
 
 # ----------------------------------------------------------------- lines
-def line(kind: str, **fields: Any) -> bytes:
-    """One record line, as appended."""
-    return (json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n").encode()
-
-
-def parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """The whole lines of ``data`` and how many bytes they take (a torn tail is left for later)."""
-    end = data.rfind(b"\n") + 1
-    return [json.loads(raw) for raw in data[:end].splitlines() if raw], end
-
-
 def first_state(scope: str, group: str, doc: Mapping[str, Any]) -> GroupState:
     """The state a record's first line (``created``, or ``snapshot`` after a compaction) starts."""
     if doc["t"] == "snapshot":
@@ -154,6 +146,11 @@ def fold(state: GroupState, docs: Iterable[Mapping[str, Any]]) -> GroupState:
     for doc in docs:
         state = _apply(state, doc)
     return state
+
+
+# Compacted: a ``snapshot`` line holds the whole state (``GroupState.to_json``).
+FORMAT = RecordFormat("reader group", GroupNotFound, group_record, first_state, fold, GroupState.to_json)
+LoadedGroup = Loaded[GroupState]
 
 
 def _apply(state: GroupState, doc: Mapping[str, Any]) -> GroupState:

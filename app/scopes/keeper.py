@@ -21,8 +21,8 @@ import time
 from app.periodic import Periodic
 from app.scopes import autoscale, scaling
 from app.scopes.controller import Controller
-from app.scopes.log import now
 from app.scopes.names import segment_name
+from app.scopes.record_log import now
 from engine import SegstoreError
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Reader groups over the engine's public calls: membership, leases, assignment, commits, checkpoints.
 
-A group's state is its record (``groups``, ``group_log``); every change is
+A group's state is its record (``groups``, ``record_log``); every change is
 a line appended on condition, judged again after a race, so any node can
 serve the group. What is not in the record lives in this process, for the
 groups it serves (a cluster sends a group's every request to the node of
@@ -26,9 +26,9 @@ from typing import Any
 from app.scopes import cuts, groups, records, steps
 from app.scopes.controller import Controller
 from app.scopes.errors import GroupConflict, GroupNotFound, ReaderFenced
-from app.scopes.group_log import GroupLog, LoadedGroup
-from app.scopes.log import Raced, now
+from app.scopes.groups import LoadedGroup
 from app.scopes.names import segment_name
+from app.scopes.record_log import Raced, RecordLog, line, now
 from engine import InvalidArgument, SegmentExists, SegmentNotFound
 
 # What a change makes of a group's state: the line to append (kind, fields), or None for none.
@@ -56,7 +56,7 @@ class Readers:
 
     def __init__(self, ctl: Controller) -> None:
         self.ctl = ctl
-        self.log = GroupLog(ctl.store)
+        self.log: RecordLog[groups.GroupState] = RecordLog(ctl.store, groups.FORMAT)
         self._live: dict[str, dict[str, Live]] = {}
         self._lock = threading.Lock()
         self._group_locks: dict[str, threading.RLock] = {}
@@ -85,9 +85,7 @@ class Readers:
             cut_positions, before = self._start_of(scope, stream, start)
             positions.update(cut_positions)
             done.extend(before)
-        first = groups.line(
-            "created", streams=streams, lease_s=lease_s, positions=positions, done=done, time=now()
-        )
+        first = line("created", streams=streams, lease_s=lease_s, positions=positions, done=done, time=now())
         try:
             return self.log.create(scope, group, first), True
         except SegmentExists:

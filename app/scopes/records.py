@@ -26,12 +26,14 @@ exactly, a scale's new ranges cover exactly what it seals).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.scopes import ranges
+from app.scopes.errors import StreamNotFound
+from app.scopes.names import stream_record
+from app.scopes.record_log import Loaded, RecordFormat, line
 
 POLICIES = ("fixed", "events_per_s", "kbytes_per_s")
 # Closed transactions a state remembers (for their GET and idempotent commits and aborts).
@@ -209,11 +211,6 @@ class StreamState:
 
 
 # ----------------------------------------------------------------- lines
-def line(kind: str, **fields: Any) -> bytes:
-    """One record line, as appended."""
-    return (json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n").encode()
-
-
 def segments_json(new: Iterable[Segment]) -> list[dict[str, Any]]:
     return [{"id": s.id, "lo": s.lo, "hi": s.hi} for s in new]
 
@@ -224,12 +221,6 @@ def created_line(config: StreamConfig, incarnation: int, now: float) -> bytes:
     return line(
         "created", config=config.to_json(), incarnation=incarnation, time=now, segments=segments_json(new)
     )
-
-
-def parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """The whole lines of ``data`` and how many bytes they take (a torn tail is left for later)."""
-    end = data.rfind(b"\n") + 1
-    return [json.loads(raw) for raw in data[:end].splitlines() if raw], end
 
 
 def first_state(scope: str, stream: str, doc: Mapping[str, Any]) -> StreamState:
@@ -254,6 +245,10 @@ def fold(state: StreamState, docs: Iterable[Mapping[str, Any]]) -> StreamState:
     for doc in docs:
         state = _apply(state, doc)
     return state
+
+
+FORMAT = RecordFormat("stream", StreamNotFound, stream_record, first_state, fold)
+LoadedStream = Loaded[StreamState]
 
 
 def _apply(state: StreamState, doc: Mapping[str, Any]) -> StreamState:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from app.scopes import ranges, records
 from app.scopes.controller import Controller
 from app.scopes.errors import ScaleConflict, StreamSealed
-from app.scopes.log import Loaded, now
 from app.scopes.names import segment_name
+from app.scopes.record_log import now
 from engine import InvalidArgument, SegmentExists
 
 # How long a scale request waits for its scale to complete (it waits for transactions holding
@@ -57,7 +57,7 @@ def start(
         raise InvalidArgument("a scale names each segment it seals once")
     found: list[ScaleAnswer] = []
 
-    def judge(loaded: Loaded) -> tuple[str, dict] | None:
+    def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
         state = loaded.state
         if state.sealing:
             raise StreamSealed(f"stream {scope}/{stream} is sealed")

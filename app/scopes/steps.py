@@ -35,8 +35,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from app.scopes import records
-from app.scopes.log import Loaded, now
+from app.scopes.errors import StreamNotFound
 from app.scopes.names import segment_name
+from app.scopes.record_log import now
 from engine import (
     AttributeUpdate,
     AttributeUpdateType,
@@ -79,7 +80,7 @@ def blocked(state: records.StreamState) -> bool:
     return pending is not None and any(t.holds(pending.seal) for t in state.unfinished_transactions())
 
 
-def finish(ctl: Controller, loaded: Loaded) -> Loaded | None:
+def finish(ctl: Controller, loaded: records.LoadedStream) -> records.LoadedStream | None:
     """Carry out what ``loaded``'s record leaves pending, as far as it can go; None once it is deleted.
 
     A line another writer appended first is not an error: the state is
@@ -95,7 +96,7 @@ def finish(ctl: Controller, loaded: Loaded) -> Loaded | None:
             line = _next_line(ctl, state)
         except Stranger:
             _delete_own(ctl, state, (s.id for s in state.segments.values()))
-            ctl.log.delete(loaded)
+            _delete_record(ctl, loaded)
             raise
         if line is None:
             return loaded
@@ -221,10 +222,16 @@ def before(state: records.StreamState, cut: records.Cut) -> list[records.Segment
     return found
 
 
-def _delete_all(ctl: Controller, loaded: Loaded) -> None:
+def _delete_all(ctl: Controller, loaded: records.LoadedStream) -> None:
     """A stream's delete: its data and transaction segments, then its record."""
     state = loaded.state
     _delete_own(ctl, state, state.segments)
     for txn in state.unfinished_transactions():
         _delete_segments(ctl, (name for _, name in txn.segments))
-    ctl.log.delete(loaded)
+    _delete_record(ctl, loaded)
+
+
+def _delete_record(ctl: Controller, loaded: records.LoadedStream) -> None:
+    """The stream's record, the last of a stream, if it is still the one loaded (one gone is fine)."""
+    with contextlib.suppress(StreamNotFound):
+        ctl.log.delete(loaded.scope, loaded.name, loaded.segment_id)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from app.scopes import records
 from app.scopes.controller import Controller
 from app.scopes.errors import StreamNotFound, StreamSealed, TransactionNotOpen
-from app.scopes.log import Loaded, now
 from app.scopes.names import segment_name, transaction_segment
+from app.scopes.record_log import now
 from client.events import frame
 from client.routing import key_hash
 from engine import (
@@ -75,7 +75,7 @@ def open_transaction(
     deadline = time.monotonic() + OPEN_WAIT_S
     chosen: dict[int, str] = {}
 
-    def judge(loaded: Loaded) -> tuple[str, dict] | None:
+    def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
         state = loaded.state
         if state.sealing:
             raise StreamSealed(f"stream {scope}/{stream} is sealed")
@@ -112,7 +112,9 @@ class _ScalePending(Exception):
     """The stream is scaling: an open waits (never answered)."""
 
 
-def find(ctl: Controller, scope: str, stream: str, txid: str) -> tuple[Loaded, records.Transaction]:
+def find(
+    ctl: Controller, scope: str, stream: str, txid: str
+) -> tuple[records.LoadedStream, records.Transaction]:
     """The stream and its transaction ``txid`` (StreamNotFound when it has none such)."""
     loaded = ctl.touch(scope, stream)
     txn = loaded.state.transactions.get(txid)
@@ -162,7 +164,7 @@ def _close(
 ) -> records.Transaction:
     wanted = records.COMMITTED if kind == records.COMMITTING else records.ABORTED
 
-    def judge(loaded: Loaded) -> tuple[str, dict] | None:
+    def judge(loaded: records.LoadedStream) -> tuple[str, dict] | None:
         txn = loaded.state.transactions.get(txid)
         if txn is None:
             raise StreamNotFound(f"stream {scope}/{stream} has no transaction {txid}")
@@ -182,4 +184,3 @@ def _require_open(txn: records.Transaction) -> None:
     if txn.state != records.OPEN or txn.deadline <= now():
         state = "expired" if txn.state == records.OPEN else txn.state
         raise TransactionNotOpen(f"transaction {txn.id} is {state}; events go only to an open one")
-

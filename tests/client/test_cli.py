@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -178,18 +179,32 @@ def test_transactions_open_append_info_commit_and_abort(
     assert b"SegmentNotFound" in capsysbinary.readouterr().err
 
 
+@pytest.fixture
+def run(server: ServerProcess, capsysbinary: pytest.CaptureFixture[bytes]) -> Callable[..., str]:
+    """The command against ``server``: it must succeed; what it printed."""
+
+    def run(*args: str) -> str:
+        assert main(["--endpoint", server.url, *args]) == 0
+        return capsysbinary.readouterr().out.decode()
+
+    return run
+
+
+@pytest.fixture
+def stream(run: Callable[..., str]) -> str:
+    """A fresh stream name of scope ``cli``, which exists."""
+    run("scope", "create", "cli")
+    return f"cli/{uuid.uuid4().hex[:8]}"
+
+
 def test_scope_and_stream_verbs(
     server: ServerProcess,
     client: SegmentClient,
     monkeypatch: pytest.MonkeyPatch,
     capsysbinary: pytest.CaptureFixture[bytes],
+    run: Callable[..., str],
+    stream: str,
 ) -> None:
-    def run(*args: str) -> str:
-        assert main(["--endpoint", server.url, *args]) == 0
-        return capsysbinary.readouterr().out.decode()
-
-    stream = f"cli/{uuid.uuid4().hex[:8]}"
-    run("scope", "create", "cli")
     assert "cli\n" in run("scope", "ls")
     policy = ["--policy", "events_per_s", "--target", "9"]
     made = json.loads(run("stream", "create", stream, "--segments", "2", *policy))
@@ -219,17 +234,12 @@ def test_scope_and_stream_verbs(
 
 def test_group_verbs(
     server: ServerProcess,
-    client: SegmentClient,
     monkeypatch: pytest.MonkeyPatch,
     capsysbinary: pytest.CaptureFixture[bytes],
+    run: Callable[..., str],
+    stream: str,
 ) -> None:
-    def run(*args: str) -> str:
-        assert main(["--endpoint", server.url, *args]) == 0
-        return capsysbinary.readouterr().out.decode()
-
-    stream = f"cli/{uuid.uuid4().hex[:8]}"
     group = f"cli/g{uuid.uuid4().hex[:8]}"
-    run("scope", "create", "cli")
     run("stream", "create", stream, "--segments", "2")
     _stdin(monkeypatch, b"one\ntwo\nthree\n")
     run("stream", "write", stream)

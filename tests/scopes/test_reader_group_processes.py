@@ -75,6 +75,21 @@ class Writer:
         self._thread.join(10)
 
 
+def _stream(client: SegmentClient, segments: int) -> StreamClient:
+    """Stream ``sc/st`` of ``segments`` segments; the stream API that made it."""
+    streams = StreamClient(client)
+    streams.create_scope("sc")
+    streams.create_stream("sc", "st", segments=segments)
+    return streams
+
+
+def _group(client: SegmentClient, lease_s: float = LEASE_S) -> ReaderGroup:
+    """Group ``sc/g`` over stream ``sc/st``, from its head."""
+    group = ReaderGroup(client, "sc", "g")
+    group.create(["st"], lease_s=lease_s)
+    return group
+
+
 def _reader(server: ServerProcess, name: str, out: Path, *flags: str) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "tests.scopes.group_reader", server.url, "sc", "g", name, str(out), *flags]
     return subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -100,11 +115,8 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 def test_a_killed_readers_segments_go_to_the_others_and_every_event_is_read(
     server: ServerProcess, client: SegmentClient, tmp_path: Path
 ) -> None:
-    streams = StreamClient(client)
-    streams.create_scope("sc")
-    streams.create_stream("sc", "st", segments=6)
-    group = ReaderGroup(client, "sc", "g")
-    group.create(["st"], lease_s=LEASE_S)
+    _stream(client, 6)
+    group = _group(client)
     writer = Writer(client, "st").start()
     outs = {name: tmp_path / f"{name}.jsonl" for name in ("r0", "r1", "r2")}
     procs = {name: _reader(server, name, out) for name, out in outs.items()}
@@ -149,11 +161,8 @@ def test_a_killed_readers_segments_go_to_the_others_and_every_event_is_read(
 def test_a_reader_stopped_past_its_lease_is_fenced_and_changes_nothing(
     server: ServerProcess, client: SegmentClient, tmp_path: Path
 ) -> None:
-    streams = StreamClient(client)
-    streams.create_scope("sc")
-    streams.create_stream("sc", "st", segments=2)
-    group = ReaderGroup(client, "sc", "g")
-    group.create(["st"], lease_s=1.0)
+    _stream(client, 2)
+    group = _group(client, lease_s=1.0)
     Writer(client, "st").write(50)
     out = tmp_path / "a.jsonl"
     stopped = _reader(server, "a", out, "--exit-when-fenced")
@@ -189,15 +198,12 @@ def test_a_reader_stopped_past_its_lease_is_fenced_and_changes_nothing(
 
 
 def test_a_merged_successor_waits_until_both_predecessors_are_read(client: SegmentClient) -> None:
-    streams = StreamClient(client)
-    streams.create_scope("sc")
-    streams.create_stream("sc", "st", segments=2)
+    streams = _stream(client, 2)
     writer = Writer(client, "st")
     writer.write(40)
     streams.scale("sc", "st", [0, 1], [(0.0, 1.0)])
     writer.write(20)
-    group = ReaderGroup(client, "sc", "g")
-    group.create(["st"], lease_s=LEASE_S)
+    group = _group(client)
     delivered: list[tuple[str, float]] = []
     lock = threading.Lock()
     done = threading.Event()
@@ -248,11 +254,8 @@ def _frames(client: SegmentClient, segment: str, offset: int) -> list[str]:
 def test_a_checkpoint_a_crash_and_a_reset_read_every_later_event_exactly_once(
     server: ServerProcess, client: SegmentClient, tmp_path: Path
 ) -> None:
-    streams = StreamClient(client)
-    streams.create_scope("sc")
-    streams.create_stream("sc", "st", segments=3)
-    group = ReaderGroup(client, "sc", "g")
-    group.create(["st"], lease_s=LEASE_S)
+    _stream(client, 3)
+    group = _group(client)
     writer = Writer(client, "st")
     writer.write(150)
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]

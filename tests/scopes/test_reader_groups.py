@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.scopes import events, fetch, group_log, scaling
+from app.scopes import events, fetch, record_log, scaling
 from app.scopes.controller import Controller
 from app.scopes.errors import GroupConflict, GroupNotFound, ReaderFenced
 from app.scopes.readers import Readers
@@ -179,7 +179,7 @@ def test_a_checkpoint_gives_cuts_and_a_reset_starts_there(
 def test_the_record_is_compacted_and_loads_again(
     ctl: Controller, readers: Readers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(group_log, "COMPACT_BYTES", 2000)
+    monkeypatch.setattr(record_log, "COMPACT_BYTES", 2000)
     make_stream(ctl, 2)
     readers.create("sc", "g", ["st"], "head", 10)
     for _ in range(40):

@@ -11,12 +11,12 @@ import pytest
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from client.stream_sink import (
-    SinkKeys,
     StreamTarget,
     TransactionLost,
     abort_batch,
     batch_transaction,
     commit_batch,
+    sink_keys,
     write_events,
     writer_id,
 )
@@ -43,7 +43,7 @@ def _write(target: StreamTarget, txid: str, key: str, last: int, batch_id: int =
 
 
 def test_tasks_share_one_claimed_transaction_and_a_retry_adds_nothing(client: SegmentClient) -> None:
-    target, keys = _target(client), SinkKeys("q")
+    target, keys = _target(client), sink_keys("q")
     with ThreadPoolExecutor(4) as pool:
         claimed = set(pool.map(lambda _: batch_transaction(target, keys, 0), range(4)))
     assert len(claimed) == 1
@@ -62,7 +62,7 @@ def test_tasks_share_one_claimed_transaction_and_a_retry_adds_nothing(client: Se
 
 
 def test_a_commit_cut_short_before_the_record_is_not_written_twice(client: SegmentClient) -> None:
-    target, keys = _target(client), SinkKeys("q")
+    target, keys = _target(client), sink_keys("q")
     txid = batch_transaction(target, keys, 4)
     assert txid is not None
     _write(target, txid, "a", 2, batch_id=4)
@@ -75,7 +75,7 @@ def test_a_commit_cut_short_before_the_record_is_not_written_twice(client: Segme
 def test_an_aborted_batch_claims_a_new_transaction_and_a_lost_one_fails_the_commit(
     client: SegmentClient,
 ) -> None:
-    target, keys = _target(client), SinkKeys("q")
+    target, keys = _target(client), sink_keys("q")
     first = batch_transaction(target, keys, 0)
     assert first is not None
     _write(target, first, "a", 2)

@@ -19,7 +19,7 @@ import urllib3
 
 from client import sse
 from client.results import AppendResult, AttributeUpdate, LiveRead, ReadResult, SegmentInfo
-from client.transport import Transport, segment_path
+from client.transport import Transport, bytes_headers, segment_path
 
 __all__ = ["SegmentClient", "segment_path"]
 
@@ -76,17 +76,15 @@ class SegmentClient(Transport):
         event_count: int | None,
         previous_event_number: int | None = None,
     ) -> AppendResult:
-        headers: dict[str, str] = {"Content-Type": "application/octet-stream"}
-        if expected_offset is not None:
-            headers["Expected-Offset"] = str(expected_offset)
-        if writer_id is not None:
-            headers["Writer-Id"] = str(writer_id)
-        if event_number is not None:
-            headers["Event-Number"] = str(event_number)
-        if event_count is not None:
-            headers["Event-Count"] = str(event_count)
-        if previous_event_number is not None:
-            headers["Previous-Event-Number"] = str(previous_event_number)
+        headers = bytes_headers(
+            {
+                "Expected-Offset": expected_offset,
+                "Writer-Id": writer_id,
+                "Event-Number": event_number,
+                "Event-Count": event_count,
+                "Previous-Event-Number": previous_event_number,
+            }
+        )
         safe = expected_offset is not None or (writer_id is not None and event_number is not None)
         body = self._request("POST", path, safe_to_resend=safe, data=data, headers=headers).json()
         if body.get("duplicate"):

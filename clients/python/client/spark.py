@@ -74,6 +74,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from client import spark_sink, spark_stream
+from client.driver_client import DriverClient
 from client.errors import SegmentExists
 from client.results import SegmentInfo
 from client.segment_client import SegmentClient
@@ -261,23 +262,14 @@ class SegstoreReader(DataSourceReader):
 
 
 # ------------------------------------------------------------------------- stream read
-class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class SegstoreStreamReader(DriverClient, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches over ``{segment: offset}`` offsets; see the module doc."""
+
+    options: SegstoreOptions
 
     def __init__(self, options: SegstoreOptions):
         self.options = options
-        self._client: SegmentClient | None = None
         self._available_now: dict[str, int] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled to the executors for ``read``: without the driver's HTTP session."""
-        return {**self.__dict__, "_client": None}
-
-    @property
-    def client(self) -> SegmentClient:
-        if self._client is None:
-            self._client = self.options.client()
-        return self._client
 
     def initialOffset(self) -> dict:
         infos = self.options.segments(self.client)
@@ -359,11 +351,6 @@ class SegstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to release: segstore keeps no reader state."""
-
-    def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 # ------------------------------------------------------------------------------ writes

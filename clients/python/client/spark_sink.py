@@ -50,12 +50,12 @@ import pyarrow.compute as pc
 from client.errors import ConditionalCheckFailed, SegmentNotFound
 from client.results import AttributeUpdate
 from client.segment_client import SegmentClient
+from client.sink_keys import SinkKeys, from_halves, halves
 
 HEADER_BYTES = 4
 DEFAULT_APPEND_BYTES = 4 * 1024 * 1024
 # Keys per attribute request the server takes (docs/api.md "Attributes": 1024).
 MAX_ATTRIBUTE_UPDATES = 1024
-SINK_NAMESPACE = uuid.UUID("6f1d3c2e-9a4b-5c7d-8e0f-1a2b3c4d5e6f")
 
 
 class InjectedTaskFailure(RuntimeError):
@@ -198,46 +198,6 @@ def abort_all(client: SegmentClient, segment: str, transactions: Iterable[TaskTr
 
 
 # ------------------------------------------------------------------ streaming commit
-@dataclass(frozen=True)
-class SinkKeys:
-    """The attribute keys of one streaming sink on its target segment (see the module doc)."""
-
-    sink_id: str
-
-    def key(self, what: str) -> uuid.UUID:
-        return uuid.uuid5(SINK_NAMESPACE, f"{self.sink_id}\n{what}")
-
-    @property
-    def last(self) -> uuid.UUID:
-        return self.key("last-committed-batch")
-
-    @property
-    def intent(self) -> uuid.UUID:
-        return self.key("intent-batch")
-
-    @property
-    def count(self) -> uuid.UUID:
-        return self.key("intent-count")
-
-    def half(self, index: int, which: str) -> uuid.UUID:
-        return self.key(f"intent-tx-{index}-{which}")
-
-
-def _halves(txid: str) -> tuple[int, int]:
-    """A UUID as two signed int64 attribute values."""
-    value = uuid.UUID(txid).int
-    return _signed(value >> 64), _signed(value & (2**64 - 1))
-
-
-def _signed(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value
-
-
-def _from_halves(high: int | None, low: int | None) -> str:
-    assert high is not None and low is not None, "a batch's intent is recorded with its transaction ids"
-    return str(uuid.UUID(int=((high % 2**64) << 64) | (low % 2**64)))
-
-
 def commit_batch(
     client: SegmentClient, segment: str, sink_id: str, batch_id: int, transactions: list[TaskTransaction]
 ) -> str:
@@ -251,10 +211,7 @@ def commit_batch(
     if intent == batch_id and count is not None:
         halves = [keys.half(i, which) for i in range(count) for which in ("hi", "lo")]
         recorded = client.get_attributes(segment, halves) if halves else {}
-        txids = [
-            _from_halves(recorded[str(keys.half(i, "hi"))], recorded[str(keys.half(i, "lo"))])
-            for i in range(count)
-        ]
+        txids = [_recorded_txid(recorded, keys, i) for i in range(count)]
         commit_all(client, segment, txids)
         abort_all(client, segment, [tx for tx in transactions if tx.txid not in txids])
         _raise_last(client, segment, keys, batch_id)
@@ -279,10 +236,17 @@ def intent_updates(
         AttributeUpdate(keys.count, "replace", len(transactions)),
     ]
     for index, tx in enumerate(transactions):
-        high, low = _halves(tx.txid)
+        high, low = halves(tx.txid)
         updates += [AttributeUpdate(keys.half(index, "hi"), "replace", high)]
         updates += [AttributeUpdate(keys.half(index, "lo"), "replace", low)]
     return updates
+
+
+def _recorded_txid(recorded: dict[str, int | None], keys: SinkKeys, index: int) -> str:
+    """The id of the ``index``-th transaction of the commit intent, from its two halves."""
+    high, low = recorded[str(keys.half(index, "hi"))], recorded[str(keys.half(index, "lo"))]
+    assert high is not None and low is not None, "a batch's intent is recorded with its transaction ids"
+    return from_halves(high, low)
 
 
 def _raise_last(client: SegmentClient, segment: str, keys: SinkKeys, batch_id: int) -> None:

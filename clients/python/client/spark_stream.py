@@ -55,6 +55,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from client import stream_sink
+from client.driver_client import DriverClient
 from client.segment_client import SegmentClient
 from client.spark_ranges import DEFAULT_READ_BYTES, ByteRange, read_range
 from client.stream_client import StreamClient, StreamCut
@@ -137,23 +138,14 @@ class StreamBatchReader(DataSourceReader):
         return _read(self.options, partition)
 
 
-class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class StreamMicroBatchReader(DriverClient, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches between stream cuts (see the module doc)."""
+
+    options: StreamOptions
 
     def __init__(self, options: StreamOptions):
         self.options = options
-        self._client: SegmentClient | None = None
         self._available_now: StreamCut | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled to the executors for ``read``: without the driver's HTTP session."""
-        return {**self.__dict__, "_client": None}
-
-    @property
-    def client(self) -> SegmentClient:
-        if self._client is None:
-            self._client = self.options.client()
-        return self._client
 
     def initialOffset(self) -> dict:
         starting = (self.options.raw.get("startingoffsets") or "earliest").strip()
@@ -177,11 +169,6 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def commit(self, end: dict) -> None:
         """Nothing to release: segstore keeps no reader state."""
-
-    def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 # ------------------------------------------------------------------------------ writes
@@ -243,7 +230,7 @@ class StreamStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: StreamOptions):
         self.options = options
-        self.keys = stream_sink.SinkKeys(options.sink_id)
+        self.keys = stream_sink.sink_keys(options.sink_id)
         with options.client() as client:
             options.target(client).prepare(streaming=True)
 

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from client.routing import header_value
 from client.segment_client import SegmentClient
+from client.transport import bytes_headers
 
 # How long ``scale`` waits for a scale that waits for open transactions (202) before it raises.
 SCALE_WAIT_S = 120.0
@@ -219,13 +220,8 @@ class StreamClient:
         event_number: int | None,
     ) -> dict[str, Any]:
         """One event with its key (percent-encoded) and writer; resent after a lost answer with a writer."""
-        headers = {"Content-Type": "application/octet-stream"}
-        if routing_key is not None:
-            headers["Routing-Key"] = header_value(routing_key)
-        if writer_id is not None:
-            headers["Writer-Id"] = str(writer_id)
-        if event_number is not None:
-            headers["Event-Number"] = str(event_number)
+        key = None if routing_key is None else header_value(routing_key)
+        headers = bytes_headers({"Routing-Key": key, "Writer-Id": writer_id, "Event-Number": event_number})
         return self._call("POST", path, safe=writer_id is not None, data=payload, headers=headers)
 
     def commit(self, scope: str, stream: str, txid: str) -> dict[str, Any]:

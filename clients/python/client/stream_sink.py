@@ -53,9 +53,9 @@ import pyarrow as pa
 from client.errors import ConditionalCheckFailed, SegmentExists, SegmentNotFound, TransactionNotOpen
 from client.results import AttributeUpdate
 from client.segment_client import SegmentClient
+from client.sink_keys import STREAM_SINK, SinkKeys, from_halves, halves
 from client.stream_client import StreamClient
 
-SINK_NAMESPACE = uuid.UUID("0c6b1a54-3f0e-5d8a-9b7c-2e4f6a8d0b1c")
 OPEN, COMMITTING, COMMITTED = "open", "committing", "committed"
 
 
@@ -88,35 +88,14 @@ class StreamTarget:
                 self.client.create(self.state_segment)
 
 
-@dataclass(frozen=True)
-class SinkKeys:
-    """The attribute keys of one streaming sink on the sidecar segment (see the module doc)."""
-
-    sink_id: str
-
-    def key(self, what: str) -> uuid.UUID:
-        return uuid.uuid5(SINK_NAMESPACE, f"{self.sink_id}\n{what}")
-
-    @property
-    def last(self) -> uuid.UUID:
-        return self.key("last-committed-batch")
-
-    @property
-    def batch(self) -> uuid.UUID:
-        return self.key("claimed-batch")
-
-    @property
-    def high(self) -> uuid.UUID:
-        return self.key("claimed-transaction-high")
-
-    @property
-    def low(self) -> uuid.UUID:
-        return self.key("claimed-transaction-low")
+def sink_keys(sink_id: str) -> SinkKeys:
+    """The keys of the streaming sink ``sink_id`` on the sidecar segment (see the module doc)."""
+    return SinkKeys(sink_id, STREAM_SINK)
 
 
 def writer_id(*parts: object) -> uuid.UUID:
     """A task's writer id: the same for every attempt of one partition of one write."""
-    return uuid.uuid5(SINK_NAMESPACE, "\n".join(str(p) for p in parts))
+    return uuid.uuid5(STREAM_SINK, "\n".join(str(p) for p in parts))
 
 
 def write_events(
@@ -151,20 +130,6 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
     return batch.column(index)
 
 
-def _halves(txid: str) -> tuple[int, int]:
-    """A UUID as two signed int64 attribute values."""
-    value = uuid.UUID(txid).int
-    return _signed(value >> 64), _signed(value & (2**64 - 1))
-
-
-def _signed(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value
-
-
-def _from_halves(high: int, low: int) -> str:
-    return str(uuid.UUID(int=((high % 2**64) << 64) | (low % 2**64)))
-
-
 @dataclass(frozen=True)
 class SinkState:
     """The sink's attributes as read once: the last committed batch and the claim."""
@@ -177,7 +142,7 @@ class SinkState:
     def read(cls, target: StreamTarget, keys: SinkKeys) -> SinkState:
         got = target.client.get_attributes(target.state_segment, [keys.last, keys.batch, keys.high, keys.low])
         last, batch, high, low = (got.get(str(k)) for k in (keys.last, keys.batch, keys.high, keys.low))
-        txid = _from_halves(high, low) if high is not None and low is not None else None
+        txid = from_halves(high, low) if high is not None and low is not None else None
         return cls(last, batch, txid)
 
     def committed(self, batch_id: int) -> bool:
@@ -205,8 +170,8 @@ def batch_transaction(
             if status in (COMMITTING, COMMITTED):
                 return None
         fresh = streams.open_transaction(target.scope, target.stream, timeout_s=timeout_s)
-        high, low = _halves(fresh)
-        expected = _halves(state.txid)[0] if state.txid is not None else None
+        high, low = halves(fresh)
+        expected = halves(state.txid)[0] if state.txid is not None else None
         try:
             target.client.update_attributes(
                 target.state_segment,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json as jsonlib
 import time
+from collections.abc import Mapping
 from typing import Any, Self
 from urllib.parse import quote, urlencode
 
@@ -43,12 +44,18 @@ DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.05
 BACKOFF_MAX_S = 5.0
 DEFAULT_TIMEOUT_S = 30.0
-_LIVE_READ_BYTES = 64 * 1024  # the most a live stream's read returns; it returns what has arrived
 
 
 def segment_path(name: str) -> str:
     """The URL path of a segment: ``/`` kept raw, everything else percent-encoded as UTF-8."""
     return "/v1/segments/" + quote(name, safe="/")
+
+
+def bytes_headers(named: Mapping[str, object]) -> dict[str, str]:
+    """A body of bytes' headers: its ``Content-Type``, and each of ``named`` whose value is not None."""
+    headers = {"Content-Type": "application/octet-stream"}
+    headers.update((name, str(value)) for name, value in named.items() if value is not None)
+    return headers
 
 
 def _refused(err: requests.RequestException) -> bool:
