@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 
 from client import spark_sink, stream_sink
-from client.sink_keys import SinkKeys, from_halves, halves
+from client.sink_keys import from_halves, halves
 
 
 def test_the_segment_sinks_keys_are_derived_in_its_namespace() -> None:
     namespace = uuid.UUID("6f1d3c2e-9a4b-5c7d-8e0f-1a2b3c4d5e6f")
-    keys = spark_sink.SinkKeys("q")
+    keys = spark_sink.sink_keys("q")
     assert keys.last == uuid.uuid5(namespace, "q\nlast-committed-batch")
     assert keys.intent == uuid.uuid5(namespace, "q\nintent-batch")
     assert keys.count == uuid.uuid5(namespace, "q\nintent-count")
@@ -27,7 +27,7 @@ def test_the_stream_sinks_keys_and_writer_ids_are_derived_in_its_namespace() -> 
         uuid.uuid5(namespace, "q\nclaimed-transaction-low"),
     )
     assert stream_sink.writer_id("q", 2, 7) == uuid.uuid5(namespace, "q\n2\n7")
-    assert keys != SinkKeys("q")
+    assert keys != spark_sink.sink_keys("q")
 
 
 def test_a_transaction_id_splits_into_two_signed_halves_and_back() -> None:

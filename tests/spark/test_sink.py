@@ -7,12 +7,12 @@ import pyarrow as pa
 from client.events import EventReader
 from client.segment_client import SegmentClient
 from client.spark_sink import (
-    SinkKeys,
     TaskContextInfo,
     TaskTransaction,
     commit_batch,
     frame_values,
     intent_updates,
+    sink_keys,
     write_task,
 )
 
@@ -43,7 +43,7 @@ def test_a_replayed_batch_is_not_written_again(client: SegmentClient, scope: str
     assert commit_batch(client, name, "q", 0, replay) == "replayed"
     assert commit_batch(client, name, "q", 1, [_task_rows(client, name, [b"b1"])]) == "committed"
     assert _events(client, name) == [b"a1", b"a2", b"a3", b"b1"]
-    assert client.get_attributes(name, [SinkKeys("q").last]) == {str(SinkKeys("q").last): 1}
+    assert client.get_attributes(name, [sink_keys("q").last]) == {str(sink_keys("q").last): 1}
     # Another sink on the same segment keeps its own batch ids.
     assert commit_batch(client, name, "other", 0, [_task_rows(client, name, [b"c1"])]) == "committed"
     assert _events(client, name)[-1] == b"c1"
@@ -55,7 +55,7 @@ def test_a_commit_cut_short_is_finished_by_the_replay(client: SegmentClient, sco
     client.create(name)
     assert commit_batch(client, name, "q", 0, [_task_rows(client, name, [b"zero"])]) == "committed"
     cut_short = [_task_rows(client, name, [b"x1"]), _task_rows(client, name, [b"x2"], 1)]
-    keys = SinkKeys("q")
+    keys = sink_keys("q")
     client.update_attributes(name, intent_updates(keys, 1, cut_short))
     client.commit_transaction(name, cut_short[0].txid)
     assert _events(client, name) == [b"zero", b"x1"]

@@ -11,7 +11,7 @@ import pytest
 from bench.servers import ServerProcess
 from client.events import EventReader, EventWriter
 from client.segment_client import SegmentClient
-from client.spark_sink import SinkKeys
+from client.spark_sink import sink_keys
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -128,8 +128,8 @@ def test_the_sink_writes_a_replayed_batch_once(
     )
     last_batch = int(commits[-1].name)
     assert last_batch >= 2
-    assert client.get_attributes(target, [SinkKeys(str(checkpoint)).last]) == {
-        str(SinkKeys(str(checkpoint)).last): last_batch
+    assert client.get_attributes(target, [sink_keys(str(checkpoint)).last]) == {
+        str(sink_keys(str(checkpoint)).last): last_batch
     }
     # Forget that the last batch committed, as a crash right before Spark logs it would: Spark runs it again.
     commits[-1].unlink()

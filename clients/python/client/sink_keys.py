@@ -19,10 +19,10 @@ STREAM_SINK = uuid.UUID("0c6b1a54-3f0e-5d8a-9b7c-2e4f6a8d0b1c")  # stream_sink's
 
 @dataclass(frozen=True)
 class SinkKeys:
-    """The attribute keys of one streaming sink (``namespace``: its sink's, ``spark_sink``'s by default)."""
+    """The attribute keys of one streaming sink, in its sink's ``namespace`` (SEGMENT_SINK, STREAM_SINK)."""
 
     sink_id: str
-    namespace: uuid.UUID = SEGMENT_SINK
+    namespace: uuid.UUID
 
     def key(self, what: str) -> uuid.UUID:
         return uuid.uuid5(self.namespace, f"{self.sink_id}\n{what}")

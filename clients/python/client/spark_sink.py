@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from client.errors import ConditionalCheckFailed, SegmentNotFound
 from client.results import AttributeUpdate
 from client.segment_client import SegmentClient
-from client.sink_keys import SinkKeys, from_halves, halves
+from client.sink_keys import SEGMENT_SINK, SinkKeys, from_halves, halves
 
 HEADER_BYTES = 4
 DEFAULT_APPEND_BYTES = 4 * 1024 * 1024
@@ -198,11 +198,16 @@ def abort_all(client: SegmentClient, segment: str, transactions: Iterable[TaskTr
 
 
 # ------------------------------------------------------------------ streaming commit
+def sink_keys(sink_id: str) -> SinkKeys:
+    """The keys of the streaming sink ``sink_id`` on its target segment (see the module doc)."""
+    return SinkKeys(sink_id, SEGMENT_SINK)
+
+
 def commit_batch(
     client: SegmentClient, segment: str, sink_id: str, batch_id: int, transactions: list[TaskTransaction]
 ) -> str:
     """Commit micro-batch ``batch_id`` exactly once; returns what happened: committed, replayed, resumed."""
-    keys = SinkKeys(sink_id)
+    keys = sink_keys(sink_id)
     state = client.get_attributes(segment, [keys.last, keys.intent, keys.count])
     last, intent, count = (state.get(str(k)) for k in (keys.last, keys.intent, keys.count))
     if last is not None and last >= batch_id:
