@@ -94,29 +94,15 @@ class HopServer:
     def bind(cls, folder: Path | None = None) -> HopServer | None:
         """A socket bound and listening in ``folder`` (default ``run_folder()``), or None if unusable."""
         folder = folder or run_folder()
+        path = str(folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock")
+        # Made here, not in run_blocking's thread: under gevent a socket waits on its maker's hub.
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            return run_blocking(cls._bind, folder)
+            run_blocking(_bind, listener, folder, path)
         except OSError as exc:
+            listener.close()
             log.warning("no local hop: cannot listen in %s (%s); requests come over HTTP", folder, exc)
             return None
-
-    @classmethod
-    def _bind(cls, folder: Path) -> HopServer:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.lstat()
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise PermissionError(f"{folder} must be a folder of this user's alone (0700)")
-        _remove_stale(folder)
-        path = str(folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        umask = os.umask(0o177)  # created 0600: only this user connects
-        try:
-            listener.bind(path)
-        except OSError:
-            listener.close()
-            raise
-        finally:
-            os.umask(umask)
         listener.listen(_BACKLOG)
         return cls(listener, path)
 
@@ -180,6 +166,17 @@ class HopServer:
         body.drain()  # a body the app left unread, up to its end frame
         conn.sendall(_END)
         return True
+
+
+def _bind(listener: socket.socket, folder: Path, path: str) -> None:
+    """Bind ``listener`` to ``path`` in ``folder``, which must be this user's alone; the socket 0600."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{folder} must be a folder of this user's alone (0700)")
+    _remove_stale(folder)
+    listener.bind(path)
+    os.chmod(path, 0o600)  # only this user connects (none other reaches it meanwhile: the folder is 0700)
 
 
 def _remove_stale(folder: Path) -> None:
@@ -264,12 +261,15 @@ class FramedInput(io.RawIOBase):
         return count
 
     def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            return b"".join(iter(lambda: self.read(1 << 20), b""))
-        if not self._piece and not self._next():
-            return b""
-        piece, self._piece = bytes(self._piece[:size]), self._piece[size:]
-        return piece
+        """``size`` bytes (all that is left if negative), fewer only at the body's end, as gunicorn's."""
+        pieces: list[bytes] = []
+        left = -1 if size is None or size < 0 else size
+        while left != 0 and (self._piece or self._next()):
+            take = len(self._piece) if left < 0 else min(left, len(self._piece))
+            pieces.append(bytes(self._piece[:take]))
+            self._piece = self._piece[take:]
+            left -= take if left > 0 else 0
+        return b"".join(pieces)
 
     def drain(self) -> None:
         """Read past what is left of the body (raises FrameError or OSError as the connection fails)."""

@@ -126,7 +126,9 @@ def test_a_request_body_reads_in_any_sizes_up_to_its_end_frame() -> None:
     wire = b"".join(data_frames(b"hello ")) + b"".join(data_frames(b"world")) + frame(END) + b"next"
     stream = io.BytesIO(wire)
     body = FramedInput(stream)
-    assert body.read(3) + body.read(100) + body.read() == b"hello world"
+    assert body.read(3) == b"hel"
+    assert body.read(5) == b"lo wo"  # across frames: a short read only at the end, as gunicorn's
+    assert body.read(100) + body.read() == b"rld"
     assert body.read(1) == b""
     assert stream.read() == b"next"  # the next request's frames are left alone
 
