@@ -50,7 +50,7 @@ from app.hop_frames import (
     frame,
     read_frame,
 )
-from engine.blocking import run_blocking
+from engine import run_blocking
 
 log = logging.getLogger(__name__)
 
