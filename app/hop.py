@@ -362,8 +362,11 @@ class HopClient:
 
     def _connection(self, address: str) -> _Connection:
         idle = self._idle.get(address, [])
-        while idle:
-            conn = idle.pop()
+        while True:
+            try:
+                conn = idle.pop()
+            except IndexError:  # none idle (another thread may have taken the last)
+                break
             if not select.select([conn.sock], [], [], 0)[0]:
                 return conn
             conn.close()  # readable while idle: the owner closed it (it exited)
