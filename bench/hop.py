@@ -9,9 +9,10 @@ one kept-alive connection: sent to a itself (**direct**), and sent to b,
 which forwards it (**hop** or **http**). Reported per mode, as min / median
 / max over ``--repeat`` runs: the median and 99th percentile latency in
 microseconds, the forwarding's added median (forwarded minus direct), and
-the CPU microseconds per request of the forwarding node's worker and of the
-owner's. On a machine other work shares the figures are only indicative;
-the CPU per request is the steadier of them.
+the CPU microseconds per request of the owner's worker serving it directly,
+and of the forwarding node's worker and the owner's for a forwarded one.
+On a machine other work shares the figures are only indicative; the CPU
+per request is the steadier of them.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def _run(args: argparse.Namespace, workdir: Path, moto: MotoServer, hop: bool) -
         session = requests.Session()
         runs = []
         for _ in range(args.repeat):
+            owner_before = process_cpu_s(pids["a"])
             direct = _timed(session, f"{a.url}/v1/segments/{name}", args.requests)
+            direct_cpu = process_cpu_s(pids["a"]) - owner_before
             before = {node: process_cpu_s(pid) for node, pid in pids.items()}
             via = _timed(session, f"{b.url}/v1/segments/{name}", args.requests)
             cpu = {node: process_cpu_s(pid) - before[node] for node, pid in pids.items()}
@@ -100,6 +103,7 @@ def _run(args: argparse.Namespace, workdir: Path, moto: MotoServer, hop: bool) -
                 "forwarded_median_us": statistics.median(via) * 1e6,
                 "forwarded_p99_us": percentile(via, 99) * 1e6,
                 "added_median_us": (statistics.median(via) - statistics.median(direct)) * 1e6,
+                "direct_cpu_us": direct_cpu / args.requests * 1e6,
                 "forwarder_cpu_us": cpu["b"] / args.requests * 1e6,
                 "owner_cpu_us": cpu["a"] / args.requests * 1e6,
             })
