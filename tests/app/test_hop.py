@@ -7,6 +7,7 @@ tests/test_cluster_hop.py.
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import stat
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from app.errors import MalformedBody
+from app.forwarding import Forwarding
 from app.hop import FramedInput, HopClient, HopFailed, HopRefused, HopServer
 from app.hop_frames import (
     DATA,
@@ -36,6 +38,7 @@ from app.hop_frames import (
     frame,
     read_frame,
 )
+from tests.app.test_forwarding import SUBJECTS, FakeStore, OneAnswer, environ
 
 
 def frames_of(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -222,3 +225,93 @@ def test_no_socket_is_refused_and_a_silent_owner_fails(tmp_path: Path) -> None:
     with pytest.raises(HopFailed, match="failed during the request"):
         client.send(str(tmp_path / "dying.sock"), head, [])
     dying.close()
+
+
+class HopStore(FakeStore):
+    """A cluster node's view with the owner's Unix socket, as a node record on this machine gives it."""
+
+    def __init__(self, hop: str) -> None:
+        super().__init__(wait_s=5, ready_at=None)
+        self.hop = hop
+
+    def hop_of(self, node: str) -> str | None:
+        return self.hop
+
+
+def forward(store: HopStore, request: dict[str, Any]) -> tuple[list[str], dict[str, str], bytes, Forwarding]:
+    statuses: list[str] = []
+    headers: dict[str, str] = {}
+
+    def start_response(status: str, out: list[tuple[str, str]]) -> None:
+        statuses.append(status)
+        headers.update(out)
+
+    def here(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        raise AssertionError("answered by the forwarder")
+
+    forwarding = Forwarding(here, store, SUBJECTS, takeover_wait_s=store.wait_s, local_hop=True)  # type: ignore[arg-type]
+    body = b"".join(forwarding(request, start_response))
+    return statuses, headers, body, forwarding
+
+
+def test_a_forwarded_request_goes_over_the_hop_as_a_forwarded_one(server: HopServer) -> None:
+    store = HopStore(server.address)
+    store.owner = ("a", "http://127.0.0.1:9")  # HTTP would be refused
+    request = environ("/v1/segments/x?offset=0", "POST")
+    request["wsgi.input"], request["CONTENT_LENGTH"] = io.BytesIO(b"event"), "5"
+    request["REMOTE_ADDR"] = "10.1.2.3"
+    statuses, headers, body, forwarding = forward(store, request)
+    assert statuses == ["200 OK"] and body == b"got event"
+    assert headers["Segment-Owner"] == "a" and headers["X-Path"] == "/v1/segments/x"
+    assert headers["X-Remote"] == "10.1.2.3"  # the client's, not the forwarder's
+    assert forwarding.transports["hop"]._value.get() == 1 and forwarding.transports["http"]._value.get() == 0
+    assert forwarding.hop is not None
+    forwarding.hop.close()
+
+
+def test_a_socket_that_refuses_sends_the_request_over_http(tmp_path: Path) -> None:
+    owner = OneAnswer()
+    store = HopStore(str(tmp_path / "gone.sock"))  # a killed process's, or another machine's
+    store.owner = ("a", f"http://127.0.0.1:{owner.server_address[1]}")
+    request = environ("/v1/segments/x", "POST")
+    request["wsgi.input"], request["CONTENT_LENGTH"] = io.BytesIO(b"event"), "5"
+    statuses, headers, body, forwarding = forward(store, request)
+    assert statuses == ["200 OK"] and body == b"event" and headers["Segment-Owner"] == "a"
+    assert forwarding.transports["http"]._value.get() == 1 and forwarding.transports["hop"]._value.get() == 0
+    owner.shutdown()
+    owner.server_close()
+
+
+@pytest.mark.parametrize(("method", "status"), [("GET", "200 OK"), ("POST", "502 BAD GATEWAY")])
+def test_an_owner_that_fails_over_the_hop_is_given_up_on_by_the_forwardings_rules(
+    server: HopServer, tmp_path: Path, method: str, status: str
+) -> None:
+    """A read is sent to the next owner; a write that may have been applied answers 502."""
+    dying = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dying.bind(str(tmp_path / "dying.sock"))
+    dying.listen(1)
+
+    def take_then_die() -> None:
+        conn, _ = dying.accept()
+        conn.recv(65536)
+        conn.close()
+
+    threading.Thread(target=take_then_die, daemon=True).start()
+    store = HopStore(str(tmp_path / "dying.sock"))
+    store.owner = ("a", "http://127.0.0.1:9")
+
+    def failed(node: str) -> None:
+        store.hop, store.owner = server.address, ("b", "http://127.0.0.1:9")
+
+    store.owner_unreachable = failed  # type: ignore[method-assign]
+    request = environ("/v1/segments/x", method)
+    request["wsgi.input"], request["CONTENT_LENGTH"] = io.BytesIO(b""), "0"
+    statuses, headers, body, forwarding = forward(store, request)
+    dying.close()
+    assert statuses == [status]
+    if method == "GET":
+        assert body == b"got " and headers["Segment-Owner"] == "b"
+    else:
+        assert json.loads(body)["code"] == "OutcomeUnknown"
+    assert forwarding.hop is not None
+    forwarding.hop.close()
