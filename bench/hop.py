@@ -11,8 +11,11 @@ which forwards it (**hop** or **http**). Reported per mode, as min / median
 microseconds, the forwarding's added median (forwarded minus direct), and
 the CPU microseconds per request of the owner's worker serving it directly,
 and of the forwarding node's worker and the owner's for a forwarded one.
-On a machine other work shares the figures are only indicative; the CPU
-per request is the steadier of them.
+Then **exchange**: the hop alone, in this process: a forwarder's
+connection and an owner's socket whose app answers 100 bytes at once, the
+CPU and wall microseconds of one exchange (both ends). On a machine other
+work shares the figures are only indicative; the CPU per request is the
+steadier of them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 import boto3
 import requests
 
+from app.hop import HopClient, HopServer
+from app.hop_frames import RequestHead
 from bench.common import Spread, percentile, process_cpu_s, progress, run_in_workdir, worker_pid
 from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, cluster_node_env, free_port
 from engine.naming import container_for
@@ -117,6 +122,33 @@ def _run(args: argparse.Namespace, workdir: Path, moto: MotoServer, hop: bool) -
             server.kill()
 
 
+def _exchange(workdir: Path, count: int) -> dict[str, float]:
+    """CPU and wall microseconds of one exchange over the hop, both ends in this process."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Length", str(len(BODY)))])
+        return [BODY]
+
+    server = HopServer.bind(workdir / "run")
+    if server is None:
+        raise RuntimeError("no socket in the run folder")
+    server.start(app)
+    client = HopClient(connect_s=1, silence_s=10)
+    head = RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/v1/segments/read", "QUERY_STRING": "offset=0",
+                        "HTTP_HOST": "127.0.0.1", "HTTP_ACCEPT": "*/*", "REMOTE_ADDR": "127.0.0.1"})
+    try:
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(count):
+            _, pieces = client.send(server.address, head, ())
+            if b"".join(pieces) != BODY:
+                raise RuntimeError("a wrong answer over the hop")
+        return {"cpu_us": (time.process_time() - cpu) / count * 1e6,
+                "wall_us": (time.perf_counter() - wall) / count * 1e6}
+    finally:
+        client.close()
+        server.close()
+
+
 def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     os.environ.update(FAKE_AWS_ENV)
     with MotoServer(workdir / "moto.log") as moto:
@@ -125,7 +157,10 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             progress(f"{mode}: {args.repeat} x {args.requests} reads, direct and forwarded")
             runs = _run(args, workdir, moto, hop)
             doc["modes"][mode] = {key: Spread.of([r[key] for r in runs]) for key in runs[0]}
-        return doc
+    progress(f"exchange: {args.repeat} x {args.requests * 5} in this process")
+    exchanges = [_exchange(workdir, args.requests * 5) for _ in range(args.repeat)]
+    doc["exchange"] = {key: Spread.of([e[key] for e in exchanges]) for key in exchanges[0]}
+    return doc
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -137,6 +172,9 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"forwarded over {mode}:")
         for key, spread in figures.items():
             lines.append(f"  {key:22} {spread.show('{:,.0f}')}")
+    lines.append("one exchange over the hop alone (both ends in one process):")
+    for key, spread in doc["exchange"].items():
+        lines.append(f"  {key:22} {spread.show('{:,.0f}')}")
     return "\n".join(lines)
 
 
