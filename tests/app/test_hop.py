@@ -315,3 +315,27 @@ def test_an_owner_that_fails_over_the_hop_is_given_up_on_by_the_forwardings_rule
         assert json.loads(body)["code"] == "OutcomeUnknown"
     assert forwarding.hop is not None
     forwarding.hop.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        struct.pack(">cI", REQUEST, HEAD_LIMIT + 1),  # an oversized head: refused before its payload
+        frame(REQUEST, b"not json"),
+        frame(DATA, b"x"),  # a body with no head
+        frame(REQUEST, RequestHead({"REQUEST_METHOD": "POST", "PATH_INFO": "/"}).encode()[5:])[:12],  # torn
+    ],
+)
+def test_the_owner_drops_a_connection_that_breaks_the_frames_and_serves_on(
+    server: HopServer, sent: bytes
+) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(5)
+        raw.connect(server.address)
+        raw.sendall(sent)
+        raw.shutdown(socket.SHUT_WR)
+        assert raw.recv(65536) == b"", "the owner answered what it could not read"
+    client = HopClient(connect_s=1, silence_s=5)
+    answer, pieces = client.send(server.address, RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/"}), [])
+    assert answer.status == "200 OK" and b"".join(pieces) == b"got "
+    client.close()
