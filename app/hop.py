@@ -134,6 +134,8 @@ class HopServer:
                     pass
             except (FrameError, OSError) as exc:
                 log.debug("local hop connection dropped: %s", exc)
+            except Exception:  # the app failed while its answer streamed: the forwarder's is cut off
+                log.exception("a request that came over the local hop failed during its answer")
 
     def _exchange(self, conn: socket.socket, stream: BinaryIO) -> bool:
         """Answer one request; False once the forwarder closed the connection between requests."""
