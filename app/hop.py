@@ -369,9 +369,10 @@ class HopClient:
                 conn = idle.pop()
             except IndexError:  # none idle (another thread may have taken the last)
                 break
-            if not select.select([conn.sock], [], [], 0)[0]:
+            if not _closed(conn):
                 return conn
-            conn.close()  # readable while idle: the owner closed it (it exited)
+            conn.close()
+        self._sweep()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.connect_s)
         try:
@@ -381,6 +382,20 @@ class HopClient:
             raise HopRefused(str(exc)) from exc
         sock.settimeout(self.silence_s)
         return _Connection(sock)
+
+    def _sweep(self) -> None:
+        """Close the idle connections whose owner exited (a restarted owner has a new socket).
+
+        Run when a connection is made, which is rare: the sockets of owners
+        gone are never asked for again, and would keep their connections.
+        """
+        for address, idle in list(self._idle.items()):
+            for conn in [conn for conn in idle if _closed(conn)]:
+                with contextlib.suppress(ValueError):  # taken meanwhile by another thread
+                    idle.remove(conn)
+                conn.close()
+            if not idle:
+                self._idle.pop(address, None)
 
     def _pieces(self, address: str, conn: _Connection) -> Iterator[bytes]:
         ended = False
@@ -401,3 +416,8 @@ class HopClient:
                 idle.append(conn)
             else:
                 conn.close()
+
+
+def _closed(conn: _Connection) -> bool:
+    """Whether an idle connection was closed by its owner (readable while idle: its end, as it exited)."""
+    return bool(select.select([conn.sock], [], [], 0)[0])

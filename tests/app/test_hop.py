@@ -339,3 +339,32 @@ def test_the_owner_drops_a_connection_that_breaks_the_frames_and_serves_on(
     answer, pieces = client.send(server.address, RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/"}), [])
     assert answer.status == "200 OK" and b"".join(pieces) == b"got "
     client.close()
+
+
+def test_idle_connections_to_an_owner_that_exited_are_closed(server: HopServer, tmp_path: Path) -> None:
+    """A restarted owner listens on a new socket: the old one's idle connections are not kept."""
+    gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    gone.bind(str(tmp_path / "gone.sock"))
+    gone.listen(1)
+
+    def answer_once_then_exit() -> None:
+        conn, _ = gone.accept()
+        with conn, conn.makefile("rb") as stream:
+            expect_frame(stream)
+            expect_frame(stream)
+            conn.sendall(AnswerHead("204 No Content", []).encode() + frame(END))
+        # then the process exits, its end of the connection closed
+
+    exiting = threading.Thread(target=answer_once_then_exit, daemon=True)
+    exiting.start()
+    client = HopClient(connect_s=1, silence_s=5)
+    head = RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/"})
+    answer, pieces = client.send(str(tmp_path / "gone.sock"), head, [])
+    assert answer.status == "204 No Content" and b"".join(pieces) == b""
+    assert str(tmp_path / "gone.sock") in client._idle
+    gone.close()
+    exiting.join(5)
+    _, pieces = client.send(server.address, head, [])  # a new connection: the idle ones are looked at
+    assert b"".join(pieces) == b"got "
+    assert list(client._idle) == [server.address]
+    client.close()
