@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         console,
         errors,
         forwarding,
+        hop,
         http_chunked,
         inputs,
         native,
@@ -57,7 +58,13 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     json = DefaultJSONProvider(app)
     json.sort_keys = False  # answers list their fields in the order the docs give them
     app.json = json
-    store = SegmentStore(settings)
+    # A cluster node's Unix socket, bound before the store joins so its node record names it.
+    local_hop = bool(settings.node_id and http.local_hop)
+    hop_server = hop.HopServer.bind() if local_hop else None
+    if hop_server is not None:
+        store = SegmentStore(settings, hop=hop_server.address, machine=hop.this_machine())
+    else:
+        store = SegmentStore(settings)
     store.start()
     app.extensions["segstore"] = store
     app.extensions["segstore.http"] = http
@@ -82,13 +89,17 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         s3_subject.request_subject,
     ]
     app.wsgi_app = forwarding.Forwarding(  # type: ignore[method-assign]
-        app.wsgi_app, store, subjects, takeover_wait_s=http.takeover_wait_s
+        app.wsgi_app, store, subjects, takeover_wait_s=http.takeover_wait_s, local_hop=local_hop,
+        registry=store.registry,
     )
     # Around every reader of a body (the stream append shortcut takes no chunked one).
     chunked_limit = http_chunked.max_chunk_bytes(settings.max_append_bytes)
     app.wsgi_app = http_chunked.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
+    if hop_server is not None:  # requests over it go through every layer, as over HTTP
+        hop_server.start(app)
+        app.extensions["segstore.hop"] = hop_server
     return app
 
 

@@ -31,16 +31,20 @@ been applied.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import requests
+from prometheus_client import CollectorRegistry, Counter
 from urllib3.exceptions import NewConnectionError
 
 from app import ops
 from app.errors import render_segstore_error
+from app.hop import HopClient, HopFailed, HopRefused
+from app.hop_frames import RequestHead, is_variable
 from engine import OutcomeUnknown, SegmentStore, Settings, container_for
 
 FORWARDED = "Segstore-Forwarded"
@@ -55,6 +59,12 @@ _HOP_BY_HOP = frozenset({
 })
 # Host stays: a signature covers it. Expect was answered here (gunicorn sends 100 Continue).
 _NOT_PASSED_ON = _HOP_BY_HOP | {"expect"}
+_HOP_BY_HOP_BUT_LENGTH = _HOP_BY_HOP - {"content-length"}
+# Over the local hop the body arrives whole, up to its end frame, as its length and coding said.
+_NOT_HANDED_ON = frozenset(
+    "HTTP_" + name.upper().replace("-", "_")
+    for name in _NOT_PASSED_ON - {"transfer-encoding", "content-length"}
+)
 _PIECE_BYTES = 64 * 1024
 _CONNECT_S = 5.0
 # How often a waiting request looks at the cluster view again.
@@ -84,7 +94,8 @@ class Forwarding:
     """WSGI middleware: a request whose subject's container is served elsewhere goes to its node."""
 
     def __init__(
-        self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject], *, takeover_wait_s: float
+        self, app: WsgiApp, store: SegmentStore, subjects: Sequence[Subject], *, takeover_wait_s: float,
+        local_hop: bool = False, registry: CollectorRegistry | None = None,
     ) -> None:
         self.app = app
         self.store = store
@@ -92,6 +103,15 @@ class Forwarding:
         self.takeover_wait_s = takeover_wait_s
         self.http = requests.Session()
         self.silence_s = _owner_silence_s(store.settings)
+        self.hop = HopClient(connect_s=_CONNECT_S, silence_s=self.silence_s) if local_hop else None
+        forwarded = Counter(
+            "segstore_forwarded_requests",
+            "Requests this node passed on to the node serving their container, by transport: "
+            "hop (the owner's Unix socket on this machine) or http.",
+            ["transport"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        self.transports = {transport: forwarded.labels(transport) for transport in ("hop", "http")}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if self.store.node is None:
@@ -153,6 +173,47 @@ class Forwarding:
     def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any],
                  node: str, base: str, deadline: float, kept: bytes | None) -> Iterable[bytes]:
         environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
+        address = self.store.hop_of(node) if self.hop is not None else None
+        answer = None
+        if address is not None:
+            with contextlib.suppress(HopRefused):  # not on this machine after all, or gone: HTTP tells
+                answer = self._over_hop(environ, node, address, kept)
+        transport = "hop" if answer is not None else "http"
+        if answer is None:
+            answer = self._over_http(environ, node, base, deadline, kept)
+        status, headers, pieces = answer
+        headers.append((OWNER, node))
+        self.transports[transport].inc()
+        start_response(status, headers)
+        return pieces
+
+    def _over_hop(self, environ: dict[str, Any], node: str, address: str,
+                  kept: bytes | None) -> tuple[str, list[tuple[str, str]], Iterable[bytes]]:
+        """The request through the owner's Unix socket (app/hop.py): its WSGI variables, no HTTP."""
+        assert self.hop is not None
+        variables = {
+            key: value for key, value in environ.items()
+            if is_variable(key) and isinstance(value, str) and key not in _NOT_HANDED_ON
+        }
+        variables[_FORWARDED_KEY] = self.store.settings.node_id
+        length = environ.get("CONTENT_LENGTH")
+        body: Iterable[bytes] = ()
+        if kept is not None:
+            body = (kept,)
+        elif length:
+            body = _body(environ["wsgi.input"], int(length))
+        elif "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            body = _body(environ["wsgi.input"], None)
+        try:
+            head, pieces = self.hop.send(address, RequestHead(variables, environ["wsgi.url_scheme"]), body)
+        except HopFailed as err:
+            raise _Failed(f"node {node} serving the container {err}") from err
+        out = [(k, v) for k, v in head.headers if k.lower() not in _HOP_BY_HOP_BUT_LENGTH]
+        return head.status, out, pieces
+
+    def _over_http(self, environ: dict[str, Any], node: str, base: str, deadline: float,
+                   kept: bytes | None) -> tuple[str, list[tuple[str, str]], Iterable[bytes]]:
+        """The request over HTTP to the owner's URL, as it came."""
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
         headers[FORWARDED] = self.store.settings.node_id
@@ -179,9 +240,7 @@ class Forwarding:
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
-        out.append((OWNER, node))
-        start_response(f"{answer.status_code} {answer.reason}", out)
-        return _streamed(answer)
+        return f"{answer.status_code} {answer.reason}", out, _streamed(answer)
 
 
 def _owner_silence_s(settings: Settings) -> float:

@@ -39,6 +39,9 @@ class HttpSettings:
     # A cluster node holds a request whose container no node serves yet (a takeover) this long
     # before it answers 503 with Retry-After.
     takeover_wait_s: float = 2.0
+    # 1: a cluster node listens on a Unix socket and hands requests for an owner on this machine
+    # over it (app/hop.py); 0: every forwarded request goes over HTTP.
+    local_hop: int = 1
     # A live stream (SSE) sends a keep-alive after this long without data (at most tail_wait_max_s).
     sse_keepalive_s: float = 15.0
     # Durable Streams: a long-poll (and an SSE keep-alive) waits this long at the tail (at most

@@ -157,5 +157,8 @@ def worker_exit(server, worker):
     """Close the engine so Tier 1 is released cleanly on shutdown."""
     app = getattr(worker, "wsgi", None)
     store = getattr(app, "extensions", {}).get("segstore") if app is not None else None
+    hop = getattr(app, "extensions", {}).get("segstore.hop") if app is not None else None
+    if hop is not None:  # no request comes over the Unix socket once the store closes
+        hop.close()
     if store is not None:
         store.close()

@@ -4,6 +4,7 @@
 Durable Streams) live in ``app/``, each mapping its protocol onto these.
 """
 
+from engine.blocking import run_blocking
 from engine.cluster.peer_service import PeerService
 from engine.cluster.peers import PEER_PATH
 from engine.cluster.peers import SECRET_HEADER as PEER_SECRET_HEADER
@@ -103,6 +104,7 @@ __all__ = [
     "refuse_negative",
     "refuse_zero",
     "reserve",
+    "run_blocking",
     "setting_kinds",
     "transaction_name",
     "validate_segment_name",

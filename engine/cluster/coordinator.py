@@ -91,6 +91,7 @@ class ClusterView:
 
     nodes: dict[str, str] = field(default_factory=dict)
     owners: dict[int, str] = field(default_factory=dict)
+    hops: dict[str, str] = field(default_factory=dict)  # node -> its Unix socket, for nodes on this machine
 
 
 @dataclass(slots=True)
@@ -114,6 +115,8 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         metrics: ClusterMetrics | None = None,
         released: Callable[[int], None] = lambda container: None,
+        hop: str = "",
+        machine: str = "",
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -122,7 +125,7 @@ class Coordinator:
         self.host = host
         self.lease_s = lease_s
         self.clock = clock
-        self._node = NodeRecord(node_id, url)
+        self._node = NodeRecord(node_id, url, hop=hop, machine=machine)
         self._node_version: str | None = None
         self._observer = Observer(lease_s)
         self._released = released
@@ -430,7 +433,8 @@ class Coordinator:
         after = {c: owner for c, owner in owners.items() if owner != self.node_id}
         after |= {c: self.node_id for c in self.leases.held()}
         urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
-        self._view = ClusterView(urls | {self.node_id: self._node.url}, after)
+        hops = {node: hop for node in urls if (hop := seen.nodes[node].hop_from(self._node.machine))}
+        self._view = ClusterView(urls | {self.node_id: self._node.url}, after, hops)
 
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)

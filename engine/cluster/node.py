@@ -40,12 +40,14 @@ class ClusterNode:
         clock: Callable[[], float] | None = None,
         metrics: ClusterMetrics | None = None,
         released: Callable[[int], None] = lambda container: None,
+        hop: str = "",
+        machine: str = "",
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, metrics=metrics, released=released, **extra,
+            lease_s=lease_s, metrics=metrics, released=released, hop=hop, machine=machine, **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

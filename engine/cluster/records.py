@@ -76,19 +76,30 @@ class ClusterRecord:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """``nodes/<id>``: a node's advertised URL; renewed as its heartbeat, ``leaving`` on a clean stop."""
+    """``nodes/<id>``: a node's advertised URL; renewed as its heartbeat, ``leaving`` on a clean stop.
+
+    ``hop`` is the node's Unix socket and ``machine`` what identifies its
+    machine (app/hop.py): a node on the same machine sends requests there
+    instead of to ``url``. Records written before them have neither (``""``).
+    """
 
     node: str
     url: str
     beat: int = 0
     leaving: bool = False
     write: str = field(default_factory=_write_id)
+    hop: str = ""
+    machine: str = ""
 
     def encode(self) -> bytes:
         return _encode(self)
 
     def next_beat(self, *, leaving: bool = False) -> NodeRecord:
-        return NodeRecord(self.node, self.url, self.beat + 1, leaving)
+        return NodeRecord(self.node, self.url, self.beat + 1, leaving, hop=self.hop, machine=self.machine)
+
+    def hop_from(self, machine: str) -> str:
+        """The socket to reach this node by from ``machine``: its own if it runs there, else ``""``."""
+        return self.hop if machine and self.machine == machine else ""
 
     @classmethod
     def decode(cls, name: str, data: bytes) -> NodeRecord:
@@ -97,7 +108,8 @@ class NodeRecord:
         if not isinstance(node, str) or not isinstance(url, str):
             raise DataCorrupted(f"node record {name!r} lacks its node id or URL")
         beat, leaving = int(doc.get("beat", 0)), bool(doc.get("leaving", False))
-        return cls(node, url, beat, leaving, str(doc.get("write", "")))
+        hop, machine = str(doc.get("hop", "")), str(doc.get("machine", ""))
+        return cls(node, url, beat, leaving, str(doc.get("write", "")), hop=hop, machine=machine)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,8 +52,12 @@ class ContainerHosting:
         *,
         containers: Iterable[SegmentContainer] | None = None,
         peer_transport: Transport | None = None,
+        hop: str = "",
+        machine: str = "",
     ):
         self.settings = settings
+        # This node's Unix socket and its machine (app/hop.py), published in its node record.
+        self._hop, self._machine = hop, machine
         self.registry = CollectorRegistry()
         register_process_metrics(self.registry)
         self.metrics = EngineMetrics(self.registry)
@@ -110,6 +114,7 @@ class ContainerHosting:
             bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
             failed=self._hosted_failed, metrics=self._cluster_metrics, released=self._released,
+            hop=self._hop, machine=self._machine,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
@@ -312,6 +317,12 @@ class ContainerHosting:
         if owner is None or owner == self._node.node_id or owner not in view.nodes:
             return None
         return owner, view.nodes[owner]
+
+    def hop_of(self, node: str) -> str | None:
+        """The Unix socket of ``node`` if it runs on this machine and has one (app/hop.py), else None."""
+        if self._node is None:
+            return None
+        return self._node.view().hops.get(node)
 
     def owner_unreachable(self, node: str) -> None:
         """A request forwarded to ``node`` was refused: the answers that wait for it say why."""
