@@ -15,6 +15,8 @@ Nothing is built at import time.
 
 from __future__ import annotations
 
+import dataclasses
+
 from flask import Flask, Response
 from flask.json.provider import DefaultJSONProvider
 
@@ -53,6 +55,12 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         settings, loaded = load_server_settings()
         http = http or loaded
     http = http or HttpSettings()
+    private = None
+    if settings.local_members:  # one of a node's processes: reached by name at a port of its own
+        from app.private_listener import bind_private
+
+        private, url = bind_private()
+        settings = dataclasses.replace(settings, advertise_url=url)
     app = Flask(__name__)
     json = DefaultJSONProvider(app)
     json.sort_keys = False  # answers list their fields in the order the docs give them
@@ -89,6 +97,10 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     app.wsgi_app = http_chunked.ChunkedBodies(app.wsgi_app, chunked_limit)  # type: ignore[method-assign]
     # Outermost WSGI layer: it times the stream append shortcut too.
     ops.install_request_metrics(app, store.registry)
+    if private is not None:
+        from app.private_listener import serve_private
+
+        app.extensions["segstore.private"] = serve_private(private, app)
     return app
 
 

@@ -49,6 +49,9 @@ class Settings:
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
+    # Server processes over one data folder with local tiers, splitting its containers by leases
+    # (DESIGN.md "Processes per node"); 1: one process, no leases.
+    processes: int = 1
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -117,6 +120,13 @@ class Settings:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
             if not self.advertise_url:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs its advertise_url")
+        if self.processes < 1:
+            raise InvalidArgument(f"setting processes must be at least 1, got {self.processes}")
+        if self.processes > 1 and self.tier1_s3 is not None:
+            raise InvalidArgument(
+                "setting processes > 1 needs local Tier 1; with Tier 1 on S3 run one process per node "
+                "(node_id)"
+            )
         if self.lease_s < 1:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         refuse_zero(self, _POSITIVE)
@@ -131,6 +141,11 @@ class Settings:
     def node_url(self) -> str:
         """Where other nodes and clients reach this node."""
         return self.advertise_url.rstrip("/")
+
+    @property
+    def local_members(self) -> bool:
+        """Whether this process is one of several over the data folder, each a member with leases."""
+        return self.processes > 1
 
     @property
     def data_path(self) -> Path:

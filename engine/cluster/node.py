@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.cluster.coordinator import ClusterView, Coordinator
-from engine.cluster.registers import Registers, S3Registers
+from engine.cluster.registers import Registers
 from engine.metrics import ClusterMetrics
 
 log = logging.getLogger(__name__)
@@ -40,20 +40,16 @@ class ClusterNode:
         clock: Callable[[], float] | None = None,
         metrics: ClusterMetrics | None = None,
         released: Callable[[int], None] = lambda container: None,
+        gone: Callable[[str], bool] = lambda node: False,
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, metrics=metrics, released=released, **extra,
+            lease_s=lease_s, metrics=metrics, released=released, gone=gone, **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @classmethod
-    def on_s3(cls, bucket: str, prefix: str, endpoint_url: str | None, **kwargs: Any) -> ClusterNode:
-        """A node whose cluster records live in ``bucket`` under ``prefix`` (Tier 1's)."""
-        return cls(S3Registers(bucket, prefix, endpoint_url=endpoint_url), **kwargs)
 
     # ContainerHost
     def start_container(self, container: int) -> None:

@@ -83,7 +83,7 @@ class ContainerHosting:
         """
         if not self._containers:
             self._folder.open()
-            if self.settings.node_id:
+            if self.settings.node_id or self.settings.local_members:
                 self._join_cluster()
                 return
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
@@ -97,26 +97,35 @@ class ContainerHosting:
             self.wait_ready()
 
     def _join_cluster(self) -> None:
-        """Run the containers this node wins leases for (engine/cluster/node.py), not all of them."""
+        """Run the containers this node (or process) wins leases for (engine/cluster/node.py), not all of them."""
         from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
         from engine.cluster.peers import HttpTransport, PeerClient
+        from engine.cluster.processes import REGISTERS
+        from engine.cluster.registers import FolderRegisters, Registers, S3Registers
         from engine.store.cluster_wide import ClusterWide
 
         s = self.settings
-        assert s.tier1_s3 is not None
-        bucket, prefix = s.tier1_s3
+        registers: Registers
+        slot = self._folder.slot
+        if slot is not None:  # one of the processes of this node, over the data folder
+            registers, node_id, where = FolderRegisters(s.data_path.resolve() / REGISTERS), slot.member, s.data_dir
+        else:
+            assert s.tier1_s3 is not None
+            bucket, prefix = s.tier1_s3
+            registers, node_id, where = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None), s.node_id, s.tier1
         self._cluster_metrics = ClusterMetrics(self.registry)
-        self._node = ClusterNode.on_s3(
-            bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
+        self._node = ClusterNode(
+            registers, node_id=node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
             failed=self._hosted_failed, metrics=self._cluster_metrics, released=self._released,
+            gone=slot.member_gone if slot is not None else lambda node: False,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
         self._wide = ClusterWide(self, node, PeerClient(transport, lambda: node.secret))
         self._started.set()
         self._node.start()
-        log.info("segstore node %s (%s) joined the cluster in %s", s.node_id, s.node_url, s.tier1)
+        log.info("segstore node %s (%s) joined the cluster in %s", node_id, s.node_url, where)
 
     def _host(self, container_id: int) -> None:
         """Start serving a container this node won (its recovery fences the previous owner)."""
