@@ -1,0 +1,221 @@
+"""A node of several processes over one data folder (DESIGN.md "Processes per node"), on real processes.
+
+gunicorn runs two gevent workers sharing the public port; they split four
+containers by leases kept in the data folder. Writers append with writer ids
+and event numbers (resent after a 503, a 502 or a broken connection, which
+deduplication makes safe), so every acknowledged event must be stored
+exactly once whatever happens to a process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.servers import ServerProcess
+
+pytestmark = pytest.mark.process
+
+LEASE_S = 3
+SEGMENTS = [f"procs/s{i}" for i in range(8)]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[ServerProcess]:
+    env = {"SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200"}
+    with ServerProcess(tmp_path / "data", env=env) as running:
+        wait_until(lambda: split(running) == [2, 2], 60, running)  # p0 first takes all, then hands over
+        for name in SEGMENTS:
+            assert requests.put(f"{running.url}/v1/segments/{name}", timeout=10).status_code == 201
+        yield running
+
+
+def cluster(server: ServerProcess) -> dict:
+    return requests.get(f"{server.url}/v1/cluster", timeout=10).json()
+
+
+def owners(server: ServerProcess) -> dict[int, str]:
+    return {c["id"]: c["owner"] for c in cluster(server)["containers"] if c["owner"]}
+
+
+def split(server: ServerProcess) -> list[int]:
+    """How many containers each process serves, fewest first."""
+    held = list(owners(server).values())
+    return sorted(held.count(m) for m in members(server))
+
+
+def members(server: ServerProcess) -> dict[str, str]:
+    return {n["id"]: n["url"] for n in cluster(server)["nodes"]}
+
+
+def pid_of(server: ServerProcess, member: str) -> int:
+    return int((server.data_dir / "processes" / f"slot-{member[1:]}").read_text())
+
+
+def wait_until(check, timeout_s: float, server: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except (requests.RequestException, KeyError, ValueError):
+            pass
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.1)
+
+
+class Writers:
+    """One writer per segment, each appending numbered events through ``url`` until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.acked: dict[str, list[bytes]] = {name: [] for name in SEGMENTS}
+        self.refused: dict[str, int] = {name: 0 for name in SEGMENTS}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._write, args=(name,), daemon=True) for name in SEGMENTS]
+
+    def __enter__(self) -> Writers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _write(self, name: str) -> None:
+        writer, session = str(uuid.uuid4()), requests.Session()
+        number = 0
+        while not self._stop.is_set():
+            number += 1
+            event = f"{name}:{number:08d};".encode()
+            headers = {"Writer-Id": writer, "Event-Number": str(number)}
+            while True:  # the same event until it is acknowledged
+                try:
+                    answer = session.post(f"{self.url}/v1/segments/{name}", data=event, headers=headers, timeout=30)
+                except requests.RequestException:
+                    session = requests.Session()
+                    self.refused[name] += 1
+                    time.sleep(0.05)
+                    continue
+                if answer.status_code == 200:
+                    self.acked[name].append(event)
+                    break
+                assert answer.status_code in (502, 503), answer.text
+                self.refused[name] += 1
+                time.sleep(0.05)
+
+    def count(self) -> int:
+        return sum(len(events) for events in self.acked.values())
+
+
+def check_stored_once(server: ServerProcess, writers: Writers) -> None:
+    """Every acknowledged event is stored, once, in order; nothing unacknowledged but a last resend."""
+    for name, acked in writers.acked.items():
+        data = requests.get(f"{server.url}/v1/segments/{name}", timeout=30).content
+        stored = [event + b";" for event in data.split(b";") if event]
+        assert len(stored) == len(set(stored)), f"{name}: an event stored twice"
+        assert stored[: len(acked)] == acked, f"{name}: an acknowledged event is missing or out of order"
+        assert len(stored) - len(acked) <= 1  # the last event, sent when the writers stopped
+
+
+def test_two_processes_split_the_containers_and_answer_for_each_other(node: ServerProcess) -> None:
+    urls = members(node)
+    for name in SEGMENTS:
+        for url in urls.values():  # each process answers for every segment, forwarding to its owner
+            answer = requests.post(f"{url}/v1/segments/{name}", data=b"x;", timeout=10)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers.get("Segment-Owner") in (None, *urls)
+
+
+def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(node: ServerProcess) -> None:
+    by_owner = owners(node)
+    urls = members(node)
+    name = SEGMENTS[0]
+    owner = requests.post(f"{node.url}/v1/segments/{name}", data=b"a;", timeout=10)
+    assert owner.status_code == 200
+    served_by = owner.headers.get("Segment-Owner")
+    holder = served_by or next(m for m in urls if m in by_owner.values())
+    other = next(m for m in urls if m != holder)
+    got: list[requests.Response] = []
+    poll = threading.Thread(
+        target=lambda: got.append(
+            requests.get(f"{urls[other]}/v1/segments/{name}", params={"offset": 2, "wait": 20}, timeout=30)
+        )
+    )
+    poll.start()
+    time.sleep(0.5)
+    assert not got  # it waits at the tail
+    began = time.monotonic()
+    assert requests.post(f"{urls[holder]}/v1/segments/{name}", data=b"b;", timeout=10).status_code == 200
+    poll.join(30)
+    assert got and got[0].status_code == 200 and got[0].content == b"b;"
+    assert time.monotonic() - began < 5
+
+
+def test_kill_9_of_one_process_under_writers_loses_and_duplicates_nothing(node: ServerProcess) -> None:
+    with Writers(node.url) as writers:
+        wait_until(lambda: writers.count() > 100, 30, node)
+        victim = "p1"
+        pid = pid_of(node, victim)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: pid_of(node, victim) != pid, 30, node)  # gunicorn started another
+        wait_until(lambda: len(owners(node)) == 4 and victim in members(node), 30, node)
+        before = {name: len(events) for name, events in writers.acked.items()}
+        # every segment takes appends again soon after the kill
+        wait_until(lambda: all(len(writers.acked[n]) > before[n] for n in SEGMENTS), 30, node)
+        back_in_s = time.monotonic() - killed_at
+    check_stored_once(node, writers)
+    assert back_in_s < 20, back_in_s
+
+
+def test_a_paused_process_acknowledges_nothing_for_the_containers_it_lost(node: ServerProcess) -> None:
+    urls = members(node)
+    paused, live = "p1", "p0"
+    lost = sorted(c for c, m in owners(node).items() if m == paused)
+    with Writers(urls[live]) as writers:
+        wait_until(lambda: writers.count() > 50, 30, node)
+        os.kill(pid_of(node, paused), signal.SIGSTOP)
+        try:
+            # appends sent to the paused process wait in its queue; it must not acknowledge them
+            # for containers it lost, so each is refused (503), forwarded to the new owner, or stored.
+            late: list[tuple[str, requests.Response | None]] = []
+
+            def send_late(name: str) -> None:
+                try:
+                    late.append((name, requests.post(f"{urls[paused]}/v1/segments/{name}",
+                                                     data=b"late;", timeout=60)))
+                except requests.RequestException:
+                    late.append((name, None))
+
+            senders = [threading.Thread(target=send_late, args=(name,)) for name in SEGMENTS]
+            for sender in senders:
+                sender.start()
+            wait_until(lambda: all(owners(node).get(c) == live for c in lost), 30, node)
+            time.sleep(LEASE_S)
+        finally:
+            os.kill(pid_of(node, paused), signal.SIGCONT)
+        for sender in senders:
+            sender.join(90)
+        wait_until(lambda: writers.count() > 0 and len(owners(node)) == 4, 30, node)
+    for name, answer in late:
+        data = requests.get(f"{node.url}/v1/segments/{name}", timeout=30).content
+        if answer is not None and answer.status_code == 200:
+            assert b"late;" in data, f"{name}: acknowledged by the paused process but not stored"
+    # drop the late events from the check: they carry no writer id
+    for name in SEGMENTS:
+        data = requests.get(f"{node.url}/v1/segments/{name}", timeout=30).content
+        stored = [e + b";" for e in data.split(b";") if e and e != b"late"]
+        acked = writers.acked[name]
+        assert len(stored) == len(set(stored)) and stored[: len(acked)] == acked
+        assert len(stored) - len(acked) <= 1
