@@ -29,7 +29,7 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
     """Serve ``app`` on ``sock`` in the background (gevent's WSGI server); the server, to stop."""
     from gevent.pywsgi import WSGIHandler, WSGIServer
 
-    class _Handler(WSGIHandler):  # type: ignore[misc]
+    class _Handler(WSGIHandler):
         def get_environ(self) -> dict[str, Any]:
             environ: dict[str, Any] = super().get_environ()
             environ["RAW_URI"] = self.path  # the path and query as sent, which forwarding passes on

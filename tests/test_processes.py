@@ -101,7 +101,8 @@ class Writers:
             headers = {"Writer-Id": writer, "Event-Number": str(number)}
             while True:  # the same event until it is acknowledged
                 try:
-                    answer = session.post(f"{self.url}/v1/segments/{name}", data=event, headers=headers, timeout=30)
+                    url = f"{self.url}/v1/segments/{name}"
+                    answer = session.post(url, data=event, headers=headers, timeout=30)
                 except requests.RequestException:
                     session = requests.Session()
                     self.refused[name] += 1

@@ -82,7 +82,9 @@ class ProcessSlot:
             self.slot, self._slot_fd = slot, fd
             return
         self.close()
-        raise StoreLocked(f"all {self.processes} process slots of {self.data} are held: is another server on it?")
+        raise StoreLocked(
+            f"all {self.processes} process slots of {self.data} are held: is another server on it?"
+        )
 
     def _share_folder(self) -> None:
         """Hold ``LOCK`` shared; the first process of a server writes the server's pid into it."""
@@ -103,8 +105,8 @@ class ProcessSlot:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             if holder != str(server):
                 raise StoreLocked(
-                    f"another server (pid {holder or 'unknown'}) owns the data directory {self.data}: stop it, "
-                    "or set SEGSTORE_DATA_DIR to another folder"
+                    f"another server (pid {holder or 'unknown'}) owns the data directory {self.data}: "
+                    "stop it, or set SEGSTORE_DATA_DIR to another folder"
                 )
         except BaseException:
             os.close(fd)

@@ -30,9 +30,8 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
-
 from pathlib import Path
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 

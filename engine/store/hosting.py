@@ -97,7 +97,7 @@ class ContainerHosting:
             self.wait_ready()
 
     def _join_cluster(self) -> None:
-        """Run the containers this node (or process) wins leases for (engine/cluster/node.py), not all of them."""
+        """Run the containers whose leases this node (or process) wins (engine/cluster/node.py), not all."""
         from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
         from engine.cluster.peers import HttpTransport, PeerClient
         from engine.cluster.processes import REGISTERS
@@ -108,11 +108,13 @@ class ContainerHosting:
         registers: Registers
         slot = self._folder.slot
         if slot is not None:  # one of the processes of this node, over the data folder
-            registers, node_id, where = FolderRegisters(s.data_path.resolve() / REGISTERS), slot.member, s.data_dir
+            registers = FolderRegisters(s.data_path.resolve() / REGISTERS)
+            node_id, where = slot.member, s.data_dir
         else:
             assert s.tier1_s3 is not None
             bucket, prefix = s.tier1_s3
-            registers, node_id, where = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None), s.node_id, s.tier1
+            registers = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None)
+            node_id, where = s.node_id, s.tier1
         self._cluster_metrics = ClusterMetrics(self.registry)
         self._node = ClusterNode(
             registers, node_id=node_id, url=s.node_url,

@@ -121,7 +121,8 @@ def test_racing_replaces_in_processes_lose_no_update_in_a_folder(tmp_path: Path)
     registers = FolderRegisters(tmp_path)
     registers.create("counter", b"0")
     start, out = multiprocessing.Event(), multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_bump_counter, args=(str(tmp_path), 40, start, out)) for _ in range(4)]
+    args = (str(tmp_path), 40, start, out)
+    procs = [multiprocessing.Process(target=_bump_counter, args=args) for _ in range(4)]
     for proc in procs:
         proc.start()
     start.set()

@@ -23,7 +23,9 @@ from engine.tier1.group_sync import GroupSync
 FRAME = 4096
 
 
-def open_log(folder: Path, file_bytes: int = 1 << 20, group: GroupSync | None = None) -> tuple[FileDataLog, list[bytes]]:
+def open_log(
+    folder: Path, file_bytes: int = 1 << 20, group: GroupSync | None = None
+) -> tuple[FileDataLog, list[bytes]]:
     log = FileDataLog(folder, file_bytes=file_bytes, max_frame_bytes=FRAME, group=group, fenced=True)
     return log, [batch.payload for batch in log.recover()]
 
