@@ -17,10 +17,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 import requests
+from botocore.config import Config
 
 from bench.servers import ServerProcess
+from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.process
 
@@ -30,7 +33,10 @@ SEGMENTS = [f"procs/s{i}" for i in range(8)]
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[ServerProcess]:
-    env = {"SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200"}
+    env = {
+        "SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200",
+        "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}",
+    }
     with ServerProcess(tmp_path / "data", env=env) as running:
         wait_until(lambda: split(running) == [2, 2], 60, running)  # p0 first takes all, then hands over
         for name in SEGMENTS:
@@ -136,6 +142,36 @@ def test_two_processes_split_the_containers_and_answer_for_each_other(node: Serv
             answer = requests.post(f"{url}/v1/segments/{name}", data=b"x;", timeout=10)
             assert answer.status_code == 200, answer.text
             assert answer.headers.get("Segment-Owner") in (None, *urls)
+
+
+def test_a_listing_from_either_process_shows_every_container(node: ServerProcess) -> None:
+    for url in members(node).values():
+        listed = requests.get(f"{url}/v1/segments", params={"prefix": "procs/"}, timeout=10).json()
+        assert sorted(s["name"] for s in listed["segments"]) == sorted(SEGMENTS)
+
+
+def s3_client(url: str):  # type: ignore[no-untyped-def]
+    return boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1", config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )
+
+
+def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(node: ServerProcess) -> None:
+    urls = list(members(node).values())
+    clients = [s3_client(url) for url in urls]
+    clients[0].create_bucket(Bucket="procs")
+    upload = clients[0].create_multipart_upload(Bucket="procs", Key="big")["UploadId"]
+    parts = [os.urandom(5 << 20), os.urandom(5 << 20), os.urandom(1234)]
+    etags = [
+        clients[n % 2].upload_part(Bucket="procs", Key="big", UploadId=upload, PartNumber=n + 1, Body=part)["ETag"]
+        for n, part in enumerate(parts)
+    ]
+    clients[1].complete_multipart_upload(
+        Bucket="procs", Key="big", UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": n + 1, "ETag": e} for n, e in enumerate(etags)]},
+    )
+    assert s3_client(node.url).get_object(Bucket="procs", Key="big")["Body"].read() == b"".join(parts)
 
 
 def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(node: ServerProcess) -> None:
