@@ -164,7 +164,9 @@ def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(no
     upload = clients[0].create_multipart_upload(Bucket="procs", Key="big")["UploadId"]
     parts = [os.urandom(5 << 20), os.urandom(5 << 20), os.urandom(1234)]
     etags = [
-        clients[n % 2].upload_part(Bucket="procs", Key="big", UploadId=upload, PartNumber=n + 1, Body=part)["ETag"]
+        clients[n % 2].upload_part(
+            Bucket="procs", Key="big", UploadId=upload, PartNumber=n + 1, Body=part
+        )["ETag"]
         for n, part in enumerate(parts)
     ]
     clients[1].complete_multipart_upload(
