@@ -48,7 +48,7 @@ def test_a_dead_members_leases_are_claimed_at_once_not_after_they_run_out() -> N
 
 def test_a_restarted_member_takes_its_earlier_runs_leases_back_at_its_first_round() -> None:
     registers, clock, gone = MemoryRegisters(), Clock(), set[str]()
-    p0, host0 = member(registers, clock, "p0", gone)
+    p0, _ = member(registers, clock, "p0", gone)
     p1, _ = member(registers, clock, "p1", gone)
     for _ in range(12):
         clock.now += LEASE_S / 3
@@ -65,7 +65,7 @@ def test_a_restarted_member_takes_its_earlier_runs_leases_back_at_its_first_roun
 def test_a_paused_member_keeps_its_leases_until_they_run_out() -> None:
     registers, clock, gone = MemoryRegisters(), Clock(), set[str]()
     p0, host0 = member(registers, clock, "p0", gone)
-    p1, host1 = member(registers, clock, "p1", gone)
+    p1, _ = member(registers, clock, "p1", gone)
     for _ in range(12):
         clock.now += LEASE_S / 3
         p0.tick()
