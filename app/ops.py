@@ -22,9 +22,9 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
+from app import node_metrics
 from engine import SERVING_STATES, ContainerNotReady, SegmentStore
 
 bp = Blueprint("ops", __name__)
@@ -187,9 +187,14 @@ def healthz() -> tuple[Response, int]:
         {"id": cid, "state": state, **({"reason": reason} if reason else {})}
         for cid, state, reason in _store().container_states()
     ]
-    # A cluster node may serve no container at a given moment (the others do) and still be well.
-    clustered = _store().node is not None
+    # A cluster node may serve no container at a given moment (the others do) and still be well;
+    # a process of a node answers for the node: a container no process serves makes it unavailable.
+    node = _store().node
+    clustered = node is not None
     serving = (clustered or bool(containers)) and all(c["state"] in SERVING_STATES for c in containers)
+    if node is not None and _store().settings.local_members:
+        owners = node.view().owners
+        serving = serving and all(c in owners for c in range(_store().settings.container_count))
     body = {"status": "ok" if serving else "unavailable", "containers": containers}
     return jsonify(body), 200 if serving else 503
 
@@ -229,5 +234,6 @@ def cluster() -> Response:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    """Prometheus text format: engine and HTTP metrics."""
-    return Response(generate_latest(_store().registry), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format: engine and HTTP metrics (a node's processes: all of them, labelled)."""
+    text = node_metrics.scrape(_store(), here=bool(request.headers.get(node_metrics.HERE)))
+    return Response(text, content_type=CONTENT_TYPE_LATEST)

@@ -144,6 +144,17 @@ def test_two_processes_split_the_containers_and_answer_for_each_other(node: Serv
             assert answer.headers.get("Segment-Owner") in (None, *urls)
 
 
+def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerProcess) -> None:
+    for url in [node.url, *members(node).values()]:
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        for member in ("p0", "p1"):
+            assert f'segstore_cluster_leases_held{{process="{member}"}} 2.0' in text
+        health = requests.get(f"{url}/healthz", timeout=10)
+        assert health.status_code == 200, health.text
+    alone = requests.get(f"{node.url}/metrics", headers={"Segstore-Metrics-Here": "1"}, timeout=10).text
+    assert alone.count("segstore_cluster_leases_held 2.0") == 1 and 'process="' not in alone
+
+
 def test_a_listing_from_either_process_shows_every_container(node: ServerProcess) -> None:
     for url in members(node).values():
         listed = requests.get(f"{url}/v1/segments", params={"prefix": "procs/"}, timeout=10).json()
