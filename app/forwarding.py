@@ -155,7 +155,8 @@ class Forwarding:
         environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
-        headers[FORWARDED] = self.store.node.node_id if self.store.node is not None else ""
+        assert self.store.node is not None  # only a node forwards
+        headers[FORWARDED] = self.store.node.node_id
         length = environ.get("CONTENT_LENGTH")
         body: Iterable[bytes] | bytes | None = None
         if kept is not None:
