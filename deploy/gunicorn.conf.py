@@ -55,7 +55,9 @@ if _refusal is not None:
     raise SystemExit(_refusal)
 
 bind = [_settings.bind]
-workers = _engine_settings.processes
+# One worker per core by default (the setting's 0); the workers read the count the arbiter chose.
+workers = _engine_settings.processes_to_start(os.cpu_count() or 1)
+os.environ["SEGSTORE_PROCESSES"] = str(workers)
 worker_class = "gevent"
 worker_connections = 2000
 preload_app = False

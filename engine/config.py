@@ -49,9 +49,10 @@ class Settings:
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
-    # Server processes over one data folder with local tiers, splitting its containers by leases
-    # (DESIGN.md "Processes per node"); 1: one process, no leases.
-    processes: int = 1
+    # Server processes over one data folder with local Tier 1, splitting its containers by leases
+    # (DESIGN.md "Processes per node"); 1: one process, no leases; 0: where the server starts its
+    # processes (gunicorn, `make run`), one per core up to container_count, else 1.
+    processes: int = 0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -120,8 +121,11 @@ class Settings:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
             if not self.advertise_url:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs its advertise_url")
-        if self.processes < 1:
-            raise InvalidArgument(f"setting processes must be at least 1, got {self.processes}")
+        if self.processes > self.container_count:
+            raise InvalidArgument(
+                f"setting processes={self.processes} exceeds container_count={self.container_count}: "
+                "a process would serve nothing"
+            )
         if self.processes > 1 and self.tier1_s3 is not None:
             raise InvalidArgument(
                 "setting processes > 1 needs local Tier 1; with Tier 1 on S3 run one process per node "
@@ -146,6 +150,12 @@ class Settings:
     def local_members(self) -> bool:
         """Whether this process is one of several over the data folder, each a member with leases."""
         return self.processes > 1
+
+    def processes_to_start(self, cores: int) -> int:
+        """How many server processes to start on ``cores`` cores (``processes``, or 0's default)."""
+        if self.processes:
+            return self.processes
+        return 1 if self.tier1_s3 is not None else max(1, min(cores, self.container_count))
 
     @property
     def data_path(self) -> Path:

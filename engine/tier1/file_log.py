@@ -124,6 +124,9 @@ class FileDataLog:
         if self._fenced:
             self._epoch, self._epoch_fd = bump_epoch(self.folder)
         self._scan()
+        # Files an earlier fenced owner may have written late into (a folder once shared) end
+        # where the next one begins; otherwise anything past a file's frames is corruption.
+        cut_at_next = self._fenced or (self.folder / EPOCH_FILE).exists()
         expected: int | None = None
         for index, (first_seq, path) in enumerate(self._files):
             newest = index == len(self._files) - 1
@@ -132,7 +135,7 @@ class FileDataLog:
             data = path.read_bytes()
             end = 0
             expected = first_seq
-            ends_at = None if newest or not self._fenced else self._files[index + 1][0]
+            ends_at = None if newest or not cut_at_next else self._files[index + 1][0]
             try:
                 for batch in frames.iter_batches(data, first_seq):
                     if ends_at is not None and batch.first_frame_seq >= ends_at:
@@ -146,7 +149,7 @@ class FileDataLog:
             if newest:
                 self._size = end
             else:
-                self._older_bytes += end if self._fenced else len(data)
+                self._older_bytes += end if cut_at_next else len(data)
         self._next_seq = expected if expected is not None else 0
         if self._fenced and self._files:
             self._new_file = True

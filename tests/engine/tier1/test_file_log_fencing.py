@@ -90,6 +90,20 @@ def test_a_file_an_older_owner_started_after_the_recovery_is_replaced(tmp_path: 
     assert open_log(tmp_path)[1] == [b"one", b"two"]
 
 
+def test_a_single_process_reads_a_once_shared_folder_with_its_late_writes_cut(tmp_path: Path) -> None:
+    old, _ = open_log(tmp_path)
+    old.append(b"one")
+    new, _ = open_log(tmp_path)
+    with pytest.raises(LogFenced):
+        old.append(b"late")
+    new.append(b"two")
+    new.close()
+    old.close()
+    alone = FileDataLog(tmp_path, file_bytes=1 << 20, max_frame_bytes=FRAME)  # processes back at 1
+    assert [batch.payload for batch in alone.recover()] == [b"one", b"two"]
+    alone.close()
+
+
 def test_fencing_with_sync_rounds(tmp_path: Path) -> None:
     group = GroupSync()
     try:
