@@ -38,7 +38,7 @@ def node(tmp_path: Path) -> Iterator[ServerProcess]:
         "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}",
     }
     with ServerProcess(tmp_path / "data", env=env) as running:
-        wait_until(lambda: split(running) == [2, 2], 60, running)  # p0 first takes all, then hands over
+        wait_until(lambda: split(running) == [2, 2], 30, running)
         for name in SEGMENTS:
             assert requests.put(f"{running.url}/v1/segments/{name}", timeout=10).status_code == 201
         yield running

@@ -88,9 +88,10 @@ class ClusterNode:
         """Who serves ``container``, or what a takeover of it waits for, and for about how long."""
         return self.coordinator.describe(container)
 
-    def start(self) -> None:
-        """Join (ClusterMismatch if the cluster disagrees) and run rounds in the background."""
+    def start(self, before_rounds: Callable[[], None] = lambda: None) -> None:
+        """Join (ClusterMismatch if the cluster disagrees), call ``before_rounds``, then run rounds."""
         self.coordinator.join()
+        before_rounds()
         self._thread = threading.Thread(target=self.coordinator.run, args=(self._stop,),
                                         name="cluster", daemon=True)
         self._thread.start()

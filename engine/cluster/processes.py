@@ -22,10 +22,13 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import time
 from pathlib import Path
 
 from engine.blocking import run_blocking
+from engine.cluster.registers import Registers
 from engine.errors import StoreLocked
+from engine.naming import node_prefix, node_register_name
 
 SLOTS = "processes"
 REGISTERS = "cluster"
@@ -124,6 +127,23 @@ class ProcessSlot:
             return False
         return run_blocking(slot_free, self.data, int(member[1:]))
 
+    def wait_for_the_others(self, registers: Registers, timeout_s: float) -> None:
+        """Wait until every slot is held and the other members announced themselves, or ``timeout_s``.
+
+        The server starts its processes together: a process whose first round
+        saw itself alone would claim every container, and hand half of them
+        over only once they settled (three leases later).
+        """
+        deadline = time.monotonic() + timeout_s
+        own = node_register_name(self.member)
+        while time.monotonic() < deadline:
+            others_slots = [s for s in range(self.processes) if s != self.slot]  # (closing our own drops it)
+            slots_held = not any(run_blocking(slot_free, self.data, s) for s in others_slots)
+            others = [name for name in registers.names(node_prefix()) if name != own]
+            if slots_held and len(others) >= self.processes - 1:
+                return
+            time.sleep(0.02)
+
     def close(self) -> None:
         for fd in (self._slot_fd, self._folder_fd):
             if fd is not None:
@@ -132,7 +152,10 @@ class ProcessSlot:
 
 
 def slot_free(data: Path, slot: int) -> bool:
-    """Whether no process holds slot ``slot``'s lock (asked with F_GETLK: nothing is taken)."""
+    """Whether no process holds slot ``slot``'s lock (asked with F_GETLK: nothing is taken).
+
+    Never for the caller's own slot: closing the file there would drop its lock (POSIX locks).
+    """
     try:
         fd = os.open(_slot_path(data, slot), os.O_RDONLY)
     except FileNotFoundError:

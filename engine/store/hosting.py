@@ -126,7 +126,10 @@ class ContainerHosting:
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
         self._wide = ClusterWide(self, node, PeerClient(transport, lambda: node.secret))
         self._started.set()
-        self._node.start()
+        if slot is not None:  # the processes of a node start together: each takes its share at once
+            self._node.start(lambda: slot.wait_for_the_others(registers, timeout_s=s.lease_s / 3))
+        else:
+            self._node.start()
         log.info("segstore node %s (%s) joined the cluster in %s", node_id, s.node_url, where)
 
     def _host(self, container_id: int) -> None:
