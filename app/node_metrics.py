@@ -1,6 +1,6 @@
 """One ``/metrics`` scrape for a node of several processes: every process's metrics, each labelled.
 
-Each process of a node (DESIGN.md "Processes per node") keeps its own
+Each process of a node (docs/design.md "Processes per node") keeps its own
 registry. A scrape that lands on any of them asks the others at their own
 addresses (with ``Segstore-Metrics-Here``, which answers that process's
 alone) and merges the families, each sample labelled ``process="p<i>"``. A

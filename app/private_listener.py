@@ -1,4 +1,4 @@
-"""A process's own address, for a node of several processes (DESIGN.md "Processes per node").
+"""A process's own address, for a node of several processes (docs/design.md "Processes per node").
 
 The processes of a node share its public port: whichever accepts a
 connection answers it. To be reached by name (a request forwarded to the

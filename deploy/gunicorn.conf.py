@@ -2,7 +2,7 @@
 
 One worker owns it alone when ``processes`` is 1; with more, the workers
 share the public port (gunicorn's listening socket, inherited by every
-worker) and split the containers by leases (DESIGN.md "Processes per node").
+worker) and split the containers by leases (docs/design.md "Processes per node").
 
 The engine is built in the worker by ``create_app()`` (``preload_app`` stays
 off, so the arbiter never opens the data directory) and closed when the

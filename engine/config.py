@@ -50,7 +50,7 @@ class Settings:
     advertise_url: str = ""
     lease_s: float = 10.0
     # Server processes over one data folder with local Tier 1, splitting its containers by leases
-    # (DESIGN.md "Processes per node"); 1: one process, no leases; 0: where the server starts its
+    # (docs/design.md "Processes per node"); 1: one process, no leases; 0: where the server starts its
     # processes (gunicorn, `make run`), one per core up to container_count, else 1.
     processes: int = 0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.

@@ -1,4 +1,4 @@
-"""A node of several processes over one data folder (DESIGN.md "Processes per node"), on real processes.
+"""A node of several processes over one data folder (docs/design.md "Processes per node"), on real processes.
 
 gunicorn runs two gevent workers sharing the public port; they split four
 containers by leases kept in the data folder. Writers append with writer ids

@@ -1,6 +1,6 @@
 """The processes of one node: each is a cluster member named after a slot it holds in the data folder.
 
-DESIGN.md "Processes per node": with local Tier 1 and Tier 2, a node runs
+docs/design.md "Processes per node": with local Tier 1 and Tier 2, a node runs
 ``processes`` server processes over one data folder, and they split its
 containers with the cluster's lease rules, the registers kept as files in
 ``<data>/cluster`` (``FolderRegisters``). Each process holds a POSIX lock on

@@ -14,7 +14,7 @@ checks conditions without a lock (two racing conditional PUTs can both
 succeed there), so on moto only sequential conflicts are meaningful.
 
 ``FolderRegisters`` keeps them as files in a folder, for the processes of
-one node that share a data folder (DESIGN.md "Processes per node"): a
+one node that share a data folder (docs/design.md "Processes per node"): a
 create links a written file into place (which fails if one is there), a
 replace renames one over it under an ``flock``, so both are atomic between
 processes as S3's conditional writes are between nodes.
