@@ -23,6 +23,7 @@ import requests
 from botocore.config import Config
 
 from bench.servers import ServerProcess
+from engine import container_for
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.process
@@ -159,6 +160,19 @@ def test_a_listing_from_either_process_shows_every_container(node: ServerProcess
     for url in members(node).values():
         listed = requests.get(f"{url}/v1/segments", params={"prefix": "procs/"}, timeout=10).json()
         assert sorted(s["name"] for s in listed["segments"]) == sorted(SEGMENTS)
+
+
+def test_a_merge_across_processes_copies_the_source_into_the_target(node: ServerProcess) -> None:
+    held = owners(node)
+    target = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p0")
+    source = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p1")
+    urls = members(node)
+    assert requests.post(f"{node.url}/v1/segments/{source}", data=b"from the source;", timeout=10).ok
+    assert requests.post(f"{node.url}/v1/segments/{source}:seal", timeout=10).ok
+    merged = requests.post(f"{urls['p0']}/v1/segments/{target}:merge", json={"source": source}, timeout=30)
+    assert merged.status_code == 200, merged.text
+    assert requests.get(f"{node.url}/v1/segments/{target}", timeout=10).content == b"from the source;"
+    assert requests.get(f"{node.url}/v1/segments/{source}:info", timeout=10).status_code == 404
 
 
 def s3_client(url: str):  # type: ignore[no-untyped-def]
