@@ -24,11 +24,14 @@ import os
 import struct
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.blocking import run_blocking
-from engine.cluster.registers import Registers
 from engine.errors import StoreLocked
 from engine.naming import node_prefix, node_register_name
+
+if TYPE_CHECKING:  # registers.py imports boto3, which gunicorn's arbiter must not load (see tiers.py)
+    from engine.cluster.registers import Registers
 
 SLOTS = "processes"
 REGISTERS = "cluster"
