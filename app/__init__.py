@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     if settings.local_members:  # one of a node's processes: reached by name at a port of its own
         from app.private_listener import bind_private
 
-        private, url = bind_private()
+        private, url = bind_private(http.bind, settings.advertise_url)
         settings = dataclasses.replace(settings, advertise_url=url)
     app = Flask(__name__)
     json = DefaultJSONProvider(app)
