@@ -106,7 +106,7 @@ class Writers:
             number += 1
             event = f"{name}:{number:08d};".encode()
             headers = {"Writer-Id": writer, "Event-Number": str(number)}
-            while True:  # the same event until it is acknowledged
+            while not self._stop.is_set():  # the same event until it is acknowledged
                 try:
                     url = f"{self.url}/v1/segments/{name}"
                     answer = session.post(url, data=event, headers=headers, timeout=30)
@@ -283,3 +283,16 @@ def test_a_paused_process_acknowledges_nothing_for_the_containers_it_lost(node: 
         acked = writers.acked[name]
         assert len(stored) == len(set(stored)) and stored[: len(acked)] == acked
         assert len(stored) - len(acked) <= 1
+
+
+def test_a_graceful_stop_under_writers_loses_nothing_and_the_node_starts_again(node: ServerProcess) -> None:
+    with Writers(node.url) as writers:
+        wait_until(lambda: writers.count() > 100, 30, node)
+        began = time.monotonic()
+        assert node.stop(40) == 0
+        stopped_in = time.monotonic() - began
+    again = ServerProcess(node.data_dir, port=node.port, env=node.env)
+    with again:
+        wait_until(lambda: split(again) == [2, 2], 30, again)
+        check_stored_once(again, writers)
+    assert stopped_in < 30, stopped_in  # within gunicorn's graceful_timeout
