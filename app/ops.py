@@ -189,20 +189,28 @@ def healthz() -> tuple[Response, int]:
     ]
     # A cluster node may serve no container at a given moment (the others do) and still be well;
     # a process of a node answers for the node: a container no process serves makes it unavailable.
-    node = _store().node
-    clustered = node is not None
+    clustered = _store().node is not None
     serving = (clustered or bool(containers)) and all(c["state"] in SERVING_STATES for c in containers)
-    if node is not None and _store().settings.local_members:
-        owners = node.view().owners
-        serving = serving and all(c in owners for c in range(_store().settings.container_count))
+    serving = serving and not _unowned(_store())
     body = {"status": "ok" if serving else "unavailable", "containers": containers}
     return jsonify(body), 200 if serving else 503
 
 
+def _unowned(store: SegmentStore) -> list[int]:
+    """For a process of a node of several: the node's containers no process serves, as it last saw."""
+    node = store.node
+    if node is None or not store.settings.local_members:
+        return []
+    owners = node.view().owners
+    return [c for c in range(store.settings.container_count) if c not in owners]
+
+
 @bp.get("/readyz")
 def readyz() -> Response:
-    """200 once every container has recovered; a 503 problem before."""
+    """200 once every container has recovered (a node of processes: has an owner); a 503 problem before."""
     store = _store()
+    if unowned := _unowned(store):
+        raise ContainerNotReady(f"containers {unowned} are not served by any process yet", retry_after_s=1.0)
     if not store.ready:
         failure = store.failure
         if failure is not None:
