@@ -23,6 +23,7 @@ import requests
 from botocore.config import Config
 
 from bench.servers import ServerProcess
+from client.segment_client import SegmentClient
 from engine import container_for
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
 
@@ -154,6 +155,25 @@ def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerP
         assert health.status_code == 200, health.text
     alone = requests.get(f"{node.url}/metrics", headers={"Segstore-Metrics-Here": "1"}, timeout=10).text
     assert alone.count("segstore_cluster_leases_held 2.0") == 1 and 'process="' not in alone
+
+
+def forwarded(server: ServerProcess) -> float:
+    """Requests the node's processes passed on to another, from one scrape."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("segstore_http_requests_total{") and 'route="forwarded"' in line)
+
+
+def test_the_python_client_learns_each_segments_process_and_goes_straight_to_it(node: ServerProcess) -> None:
+    with SegmentClient(node.url) as client:
+        for name in SEGMENTS:  # a forwarded answer names the process serving the segment
+            client.append(name, b"first;")
+        before = forwarded(node)
+        for _ in range(5):
+            for name in SEGMENTS:
+                client.append(name, b"next;")
+        assert forwarded(node) == before  # every append went straight to its process
+        assert all(client.read(name).data == b"first;" + b"next;" * 5 for name in SEGMENTS)
 
 
 def test_a_listing_from_either_process_shows_every_container(node: ServerProcess) -> None:
