@@ -30,9 +30,7 @@ def scrape(store: SegmentStore, here: bool) -> bytes:
     if here or node is None or not store.settings.local_members:
         return own
     texts = {node.node_id: own.decode()}
-    for member, url in sorted(node.view().nodes.items()):
-        if member == node.node_id:
-            continue
+    for member, url in sorted(store.sibling_urls().items()):
         try:
             answer = requests.get(f"{url}/metrics", headers={HERE: "1"}, timeout=_TIMEOUT_S)
             answer.raise_for_status()

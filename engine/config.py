@@ -49,9 +49,9 @@ class Settings:
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
-    # Server processes over one data folder with local Tier 1, splitting its containers by leases
-    # (docs/design.md "Processes per node"); 1: one process, no leases; 0: where the server starts its
-    # processes (gunicorn, `make run`), one per core up to container_count, else 1.
+    # Server processes over one data folder, splitting the containers by leases (docs/design.md
+    # "Processes per node"); 1: one process (no leases with local Tier 1); 0: where the server starts
+    # its processes (gunicorn, `make run`), one per core up to container_count with local Tier 1, else 1.
     processes: int = 0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
@@ -126,10 +126,9 @@ class Settings:
                 f"setting processes={self.processes} exceeds container_count={self.container_count}: "
                 "a process would serve nothing"
             )
-        if self.processes > 1 and self.tier1_s3 is not None:
+        if self.processes > 1 and self.tier1_s3 is not None and not self.node_id:
             raise InvalidArgument(
-                "setting processes > 1 needs local Tier 1; with Tier 1 on S3 run one process per node "
-                "(node_id)"
+                "setting processes > 1 with Tier 1 on S3 makes each process a cluster member: set node_id"
             )
         if self.lease_s < 1:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
@@ -148,7 +147,7 @@ class Settings:
 
     @property
     def local_members(self) -> bool:
-        """Whether this process is one of several over the data folder, each a member with leases."""
+        """Whether this process is one of several over the data folder, each a cluster member."""
         return self.processes > 1
 
     def processes_to_start(self, cores: int) -> int:

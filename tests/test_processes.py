@@ -22,7 +22,7 @@ import pytest
 import requests
 from botocore.config import Config
 
-from bench.servers import ServerProcess
+from bench.servers import ServerProcess, cluster_node_env, free_port
 from client.segment_client import SegmentClient
 from engine import container_for
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
@@ -65,7 +65,8 @@ def members(server: ServerProcess) -> dict[str, str]:
 
 
 def pid_of(server: ServerProcess, member: str) -> int:
-    return int((server.data_dir / "processes" / f"slot-{member[1:]}").read_text())
+    slot = member.rpartition(".p")[2] if ".p" in member else member[1:]
+    return int((server.data_dir / "processes" / f"slot-{slot}").read_text())
 
 
 def wait_until(check, timeout_s: float, server: ServerProcess) -> None:  # type: ignore[no-untyped-def]
@@ -316,3 +317,21 @@ def test_a_graceful_stop_under_writers_loses_nothing_and_the_node_starts_again(n
         wait_until(lambda: split(again) == [2, 2], 30, again)
         check_stored_once(again, writers)
     assert stopped_in < 30, stopped_in  # within gunicorn's graceful_timeout
+
+
+def test_with_tier1_on_s3_each_process_is_a_cluster_member(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    port = free_port()
+    env = cluster_node_env("a", port, moto_endpoint, s3_bucket, lease_s=LEASE_S) | {"SEGSTORE_PROCESSES": "2"}
+    with ServerProcess(tmp_path / "a", port=port, env=env) as server:
+        wait_until(lambda: sorted(owners(server).values()) == ["a.p0", "a.p0", "a.p1", "a.p1"], 30, server)
+        for name in SEGMENTS:
+            assert requests.put(f"{server.url}/v1/segments/{name}", timeout=10).status_code == 201
+        with Writers(server.url) as writers:
+            wait_until(lambda: writers.count() > 50, 30, server)
+            victim = pid_of(server, "a.p1")
+            os.kill(victim, signal.SIGKILL)  # its containers move at once: its slot's lock is gone
+            before = {name: len(events) for name, events in writers.acked.items()}
+            wait_until(lambda: all(len(writers.acked[n]) > before[n] for n in SEGMENTS), 30, server)
+        check_stored_once(server, writers)

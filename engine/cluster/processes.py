@@ -41,8 +41,16 @@ _MEMBER_PREFIX = "p"
 _FLOCK = "hhqqi4x"
 
 
-def member_id(slot: int) -> str:
-    return f"{_MEMBER_PREFIX}{slot}"
+def member_id(slot: int, node: str = "") -> str:
+    """The member id of slot ``slot``: ``p<i>``, or ``<node>.p<i>`` for a cluster node's processes."""
+    return f"{node}.{_MEMBER_PREFIX}{slot}" if node else f"{_MEMBER_PREFIX}{slot}"
+
+
+def slot_of(member: str, node: str = "") -> int | None:
+    """The slot of ``member`` if it is one of ``node``'s processes (``member_id``'s inverse), else None."""
+    head = f"{node}.{_MEMBER_PREFIX}" if node else _MEMBER_PREFIX
+    rest = member[len(head):]
+    return int(rest) if member.startswith(head) and rest.isdigit() else None
 
 
 def _slot_path(data: Path, slot: int) -> Path:
@@ -52,17 +60,22 @@ def _slot_path(data: Path, slot: int) -> Path:
 class ProcessSlot:
     """This process's slot, held until ``close`` or death, and the folder's shared lock."""
 
-    def __init__(self, data: Path, processes: int) -> None:
+    def __init__(self, data: Path, processes: int, node: str = "") -> None:
         assert processes >= 2
         self.data = Path(data)
         self.processes = processes
+        self.node = node  # a cluster node's id (Tier 1 on S3), or "" for the only node of its machine
         self.slot = -1
         self._slot_fd: int | None = None
         self._folder_fd: int | None = None
 
     @property
     def member(self) -> str:
-        return member_id(self.slot)
+        return member_id(self.slot, self.node)
+
+    def sibling(self, member: str) -> bool:
+        """Whether ``member`` is another process of this node."""
+        return member != self.member and slot_of(member, self.node) is not None
 
     def take(self) -> None:
         """Share the folder with this server's other processes, and hold the first free slot.
@@ -126,9 +139,8 @@ class ProcessSlot:
         """
         if member == self.member:
             return True  # this process holds the slot: an earlier run under this id is dead
-        if not member.startswith(_MEMBER_PREFIX) or not member[1:].isdigit():
-            return False
-        return run_blocking(slot_free, self.data, int(member[1:]))
+        slot = slot_of(member, self.node)
+        return slot is not None and run_blocking(slot_free, self.data, slot)
 
     def wait_for_the_others(self, registers: Registers, timeout_s: float) -> None:
         """Wait until every slot is held and the other members announced themselves, or ``timeout_s``.

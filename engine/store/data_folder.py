@@ -42,13 +42,16 @@ class DataFolder:
 
     def open(self) -> None:
         """Take the lock (or a process slot) and check the record (StoreLocked, Misconfigured)."""
-        if self.settings.local_members:
-            self.slot = ProcessSlot(self.settings.data_path.resolve(), self.settings.processes)
+        s = self.settings
+        if s.local_members:
+            self.slot = ProcessSlot(s.data_path.resolve(), s.processes, s.node_id)
             self.slot.take()
             try:
-                self._record_to_write = run_blocking(
-                    store_record.check_in_folder, self.settings.data_path.resolve(), self.settings
-                )
+                if s.tier1_s3 is None:
+                    data = s.data_path.resolve()
+                    self._record_to_write = run_blocking(store_record.check_in_folder, data, s)
+                else:
+                    self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), s)
             except BaseException:
                 self.slot.close()
                 raise

@@ -106,15 +106,13 @@ class ContainerHosting:
 
         s = self.settings
         registers: Registers
-        slot = self._folder.slot
-        if slot is not None:  # one of the processes of this node, over the data folder
-            registers = FolderRegisters(s.data_path.resolve() / REGISTERS)
-            node_id, where = slot.member, s.data_dir
+        slot = self._folder.slot  # one of the processes of this node, over the data folder
+        if s.tier1_s3 is None:
+            registers, where = FolderRegisters(s.data_path.resolve() / REGISTERS), s.data_dir
         else:
-            assert s.tier1_s3 is not None
             bucket, prefix = s.tier1_s3
-            registers = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None)
-            node_id, where = s.node_id, s.tier1
+            registers, where = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None), s.tier1
+        node_id = slot.member if slot is not None else s.node_id
         self._cluster_metrics = ClusterMetrics(self.registry)
         self._node = ClusterNode(
             registers, node_id=node_id, url=s.node_url,
@@ -326,6 +324,13 @@ class ContainerHosting:
         if owner is None or owner == self._node.node_id or owner not in view.nodes:
             return None
         return owner, view.nodes[owner]
+
+    def sibling_urls(self) -> dict[str, str]:
+        """The other processes of this node (``processes`` > 1) and their URLs, as last seen."""
+        slot = self._folder.slot
+        if self._node is None or slot is None:
+            return {}
+        return {member: url for member, url in self._node.view().nodes.items() if slot.sibling(member)}
 
     def owner_unreachable(self, node: str) -> None:
         """A request forwarded to ``node`` was refused: the answers that wait for it say why."""

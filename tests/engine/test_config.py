@@ -214,8 +214,10 @@ def test_processes_default_to_one_per_core_up_to_the_containers_with_local_tier1
     assert Settings(processes=2).local_members
 
 
-def test_processes_refused_beyond_the_containers_or_with_tier1_on_s3() -> None:
+def test_processes_refused_beyond_the_containers_or_on_s3_outside_a_cluster() -> None:
     with pytest.raises(InvalidArgument, match="exceeds container_count"):
         Settings(processes=5)
-    with pytest.raises(InvalidArgument, match="needs local Tier 1"):
+    with pytest.raises(InvalidArgument, match="each process a cluster member: set node_id"):
         Settings(processes=2, tier1="s3://b/t1", tier2="s3://b/t2")
+    on_s3 = Settings(processes=2, tier1="s3://b/t1", tier2="s3://b/t2", node_id="a", advertise_url="http://h:1")
+    assert on_s3.local_members and on_s3.processes_to_start(8) == 2
