@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from engine.blocking import run_blocking
 from engine.errors import StoreLocked
-from engine.naming import node_prefix, node_register_name
+from engine.naming import node_prefix, parse_node_register_name
 
 if TYPE_CHECKING:  # registers.py imports boto3, which gunicorn's arbiter must not load (see tiers.py)
     from engine.cluster.registers import Registers
@@ -150,12 +150,12 @@ class ProcessSlot:
         over only once they settled (three leases later).
         """
         deadline = time.monotonic() + timeout_s
-        own = node_register_name(self.member)
         while time.monotonic() < deadline:
             others_slots = [s for s in range(self.processes) if s != self.slot]  # (closing our own drops it)
             slots_held = not any(run_blocking(slot_free, self.data, s) for s in others_slots)
-            others = [name for name in registers.names(node_prefix()) if name != own]
-            if slots_held and len(others) >= self.processes - 1:
+            names = (parse_node_register_name(name) for name in registers.names(node_prefix()))
+            siblings = [member for member in names if member is not None and self.sibling(member)]
+            if slots_held and len(siblings) >= self.processes - 1:
                 return
             time.sleep(0.02)
 

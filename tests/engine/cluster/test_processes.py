@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from engine.cluster.coordinator import Coordinator
 from engine.cluster.processes import ProcessSlot, member_id, slot_free
 from engine.cluster.registers import MemoryRegisters
 from engine.errors import StoreLocked
+from engine.naming import node_register_name
 from tests.engine.cluster.test_coordinator import LEASE_S, Clock, Host
 
 
@@ -126,3 +128,28 @@ def test_another_server_is_refused_the_folder(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.join(30)
+
+
+def test_a_process_waits_for_its_siblings_before_its_first_round(tmp_path: Path) -> None:
+    taken: multiprocessing.Queue = multiprocessing.Queue()
+    sibling = multiprocessing.Process(target=_hold_slot, args=(str(tmp_path), 2, taken))
+    sibling.start()
+    try:
+        assert taken.get(timeout=30) == 0
+        (tmp_path / "LOCK").write_text(f"{os.getppid()}\n")  # this process joins the child's server
+        slot = ProcessSlot(tmp_path, 2)
+        slot.take()
+        assert slot.member == "p1"
+        registers = MemoryRegisters()
+        registers.create(node_register_name("other"), b"{}")  # another node's record does not count
+        began = time.monotonic()
+        slot.wait_for_the_others(registers, timeout_s=0.5)
+        assert time.monotonic() - began >= 0.5  # p0 has not announced itself
+        registers.create(node_register_name("p0"), b"{}")
+        began = time.monotonic()
+        slot.wait_for_the_others(registers, timeout_s=5)
+        assert time.monotonic() - began < 1
+        slot.close()
+    finally:
+        sibling.kill()
+        sibling.join(30)
