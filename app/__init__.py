@@ -15,6 +15,8 @@ Nothing is built at import time.
 
 from __future__ import annotations
 
+import dataclasses
+
 from flask import Flask, Response
 from flask.json.provider import DefaultJSONProvider
 
@@ -54,12 +56,19 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         settings, loaded = load_server_settings()
         http = http or loaded
     http = http or HttpSettings()
+    private = None
+    if settings.local_members:  # one of a node's processes: reached by name at a port of its own
+        from app.private_listener import bind_private
+
+        private, url = bind_private(http.bind, settings.advertise_url)
+        settings = dataclasses.replace(settings, advertise_url=url)
     app = Flask(__name__)
     json = DefaultJSONProvider(app)
     json.sort_keys = False  # answers list their fields in the order the docs give them
     app.json = json
-    # A cluster node's Unix socket, bound before the store joins so its node record names it.
-    local_hop = bool(settings.node_id and http.local_hop)
+    # A cluster member's Unix socket (a node's, or a process's of a node), bound before the store
+    # joins so its record names it.
+    local_hop = bool((settings.node_id or settings.local_members) and http.local_hop)
     hop_server = hop.HopServer.bind() if local_hop else None
     if hop_server is not None:
         store = SegmentStore(settings, hop=hop_server.address, machine=hop.this_machine())
@@ -100,6 +109,10 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     if hop_server is not None:  # requests over it go through every layer, as over HTTP
         hop_server.start(app)
         app.extensions["segstore.hop"] = hop_server
+    if private is not None:
+        from app.private_listener import serve_private
+
+        app.extensions["segstore.private"] = serve_private(private, app)
     return app
 
 

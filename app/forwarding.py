@@ -216,7 +216,8 @@ class Forwarding:
         """The request over HTTP to the owner's URL, as it came."""
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
-        headers[FORWARDED] = self.store.settings.node_id
+        assert self.store.node is not None  # only a node forwards
+        headers[FORWARDED] = self.store.node.node_id
         length = environ.get("CONTENT_LENGTH")
         body: Iterable[bytes] | bytes | None = None
         if kept is not None:

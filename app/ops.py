@@ -22,9 +22,9 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
+from app import node_metrics
 from engine import SERVING_STATES, ContainerNotReady, SegmentStore
 
 bp = Blueprint("ops", __name__)
@@ -187,17 +187,30 @@ def healthz() -> tuple[Response, int]:
         {"id": cid, "state": state, **({"reason": reason} if reason else {})}
         for cid, state, reason in _store().container_states()
     ]
-    # A cluster node may serve no container at a given moment (the others do) and still be well.
+    # A cluster node may serve no container at a given moment (the others do) and still be well;
+    # a process of a node answers for the node: a container no process serves makes it unavailable.
     clustered = _store().node is not None
     serving = (clustered or bool(containers)) and all(c["state"] in SERVING_STATES for c in containers)
+    serving = serving and not _unowned(_store())
     body = {"status": "ok" if serving else "unavailable", "containers": containers}
     return jsonify(body), 200 if serving else 503
 
 
+def _unowned(store: SegmentStore) -> list[int]:
+    """For a process of a node of several: the node's containers no process serves, as it last saw."""
+    node = store.node
+    if node is None or not store.settings.local_members:
+        return []
+    owners = node.view().owners
+    return [c for c in range(store.settings.container_count) if c not in owners]
+
+
 @bp.get("/readyz")
 def readyz() -> Response:
-    """200 once every container has recovered; a 503 problem before."""
+    """200 once every container has recovered (a node of processes: has an owner); a 503 problem before."""
     store = _store()
+    if unowned := _unowned(store):
+        raise ContainerNotReady(f"containers {unowned} are not served by any process yet", retry_after_s=1.0)
     if not store.ready:
         failure = store.failure
         if failure is not None:
@@ -229,5 +242,6 @@ def cluster() -> Response:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    """Prometheus text format: engine and HTTP metrics."""
-    return Response(generate_latest(_store().registry), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format: engine and HTTP metrics (a node's processes: all of them, labelled)."""
+    text = node_metrics.scrape(_store(), here=bool(request.headers.get(node_metrics.HERE)))
+    return Response(text, content_type=CONTENT_TYPE_LATEST)

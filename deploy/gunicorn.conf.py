@@ -1,4 +1,8 @@
-"""gunicorn settings for segstore: one gevent worker owns the data directory.
+"""gunicorn settings for segstore: ``processes`` gevent workers share the data directory.
+
+One worker owns it alone when ``processes`` is 1; with more, the workers
+share the public port (gunicorn's listening socket, inherited by every
+worker) and split the containers by leases (docs/design.md "Processes per node").
 
 The engine is built in the worker by ``create_app()`` (``preload_app`` stays
 off, so the arbiter never opens the data directory) and closed when the
@@ -43,7 +47,7 @@ def unauthenticated_bind_refusal(settings: HttpSettings) -> str | None:
 
 
 try:
-    _, _settings = load_server_settings()
+    _engine_settings, _settings = load_server_settings()
 except SegstoreError as _bad:  # a setting out of its range: one line naming it, no traceback
     raise SystemExit(f"segstore will not start: {_bad.detail}") from None
 _refusal = unauthenticated_bind_refusal(_settings)
@@ -51,7 +55,9 @@ if _refusal is not None:
     raise SystemExit(_refusal)
 
 bind = [_settings.bind]
-workers = 1
+# One worker per core by default (the setting's 0); the workers read the count the arbiter chose.
+workers = _engine_settings.processes_to_start(os.cpu_count() or 1)
+os.environ["SEGSTORE_PROCESSES"] = str(workers)
 worker_class = "gevent"
 worker_connections = 2000
 preload_app = False

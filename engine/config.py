@@ -49,6 +49,10 @@ class Settings:
     node_id: str = ""
     advertise_url: str = ""
     lease_s: float = 10.0
+    # Server processes over one data folder, splitting the containers by leases (docs/design.md
+    # "Processes per node"); 1: one process (no leases with local Tier 1); 0: where the server starts
+    # its processes (gunicorn, `make run`), one per core up to container_count with local Tier 1, else 1.
+    processes: int = 0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.
@@ -117,6 +121,15 @@ class Settings:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs tier1 on S3")
             if not self.advertise_url:
                 raise InvalidArgument("setting node_id makes a cluster node, which needs its advertise_url")
+        if self.processes > self.container_count:
+            raise InvalidArgument(
+                f"setting processes={self.processes} exceeds container_count={self.container_count}: "
+                "a process would serve nothing"
+            )
+        if self.processes > 1 and self.tier1_s3 is not None and not self.node_id:
+            raise InvalidArgument(
+                "setting processes > 1 with Tier 1 on S3 makes each process a cluster member: set node_id"
+            )
         if self.lease_s < 1:
             raise InvalidArgument(f"setting lease_s must be at least 1 second, got {self.lease_s}")
         refuse_zero(self, _POSITIVE)
@@ -131,6 +144,17 @@ class Settings:
     def node_url(self) -> str:
         """Where other nodes and clients reach this node."""
         return self.advertise_url.rstrip("/")
+
+    @property
+    def local_members(self) -> bool:
+        """Whether this process is one of several over the data folder, each a cluster member."""
+        return self.processes > 1
+
+    def processes_to_start(self, cores: int) -> int:
+        """How many server processes to start on ``cores`` cores (``processes``, or 0's default)."""
+        if self.processes:
+            return self.processes
+        return 1 if self.tier1_s3 is not None else max(1, min(cores, self.container_count))
 
     @property
     def data_path(self) -> Path:

@@ -117,6 +117,7 @@ class Coordinator:
         released: Callable[[int], None] = lambda container: None,
         hop: str = "",
         machine: str = "",
+        gone: Callable[[str], bool] = lambda node: False,
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -129,6 +130,7 @@ class Coordinator:
         self._node_version: str | None = None
         self._observer = Observer(lease_s)
         self._released = released
+        self._gone = gone  # whether no process runs as a node now (the processes of one machine know)
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
@@ -402,13 +404,14 @@ class Coordinator:
             node
             for node, record in seen.nodes.items()
             if not record.leaving and not self._observer.stale(node_register_name(node), now)
+            and not self._gone(node)
         } | {self.node_id}
         mine = self.leases.held()
         owners: dict[int, str] = {c: self.node_id for c in mine}
         unusable: set[int] = set()  # held under this node's id by an earlier run, until that lease is stale
         for container, (record, _version) in seen.leases.items():
-            if container in owners or record.owner is None:
-                continue
+            if container in owners or record.owner is None or self._gone(record.owner):
+                continue  # a dead holder's lease is free at once
             if not self._observer.stale(lease_register_name(container), now):
                 if record.owner == self.node_id:
                     unusable.add(container)

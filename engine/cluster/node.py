@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.cluster.coordinator import ClusterView, Coordinator
-from engine.cluster.registers import Registers, S3Registers
+from engine.cluster.registers import Registers
 from engine.metrics import ClusterMetrics
 
 log = logging.getLogger(__name__)
@@ -42,20 +42,17 @@ class ClusterNode:
         released: Callable[[int], None] = lambda container: None,
         hop: str = "",
         machine: str = "",
+        gone: Callable[[str], bool] = lambda node: False,
     ) -> None:
         self._host, self._unhost, self._failed = host, unhost, failed
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.coordinator = Coordinator(
             registers, node_id=node_id, url=url, container_count=container_count, host=self,
-            lease_s=lease_s, metrics=metrics, released=released, hop=hop, machine=machine, **extra,
+            lease_s=lease_s, metrics=metrics, released=released, hop=hop, machine=machine, gone=gone,
+            **extra,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @classmethod
-    def on_s3(cls, bucket: str, prefix: str, endpoint_url: str | None, **kwargs: Any) -> ClusterNode:
-        """A node whose cluster records live in ``bucket`` under ``prefix`` (Tier 1's)."""
-        return cls(S3Registers(bucket, prefix, endpoint_url=endpoint_url), **kwargs)
 
     # ContainerHost
     def start_container(self, container: int) -> None:
@@ -94,9 +91,10 @@ class ClusterNode:
         """Who serves ``container``, or what a takeover of it waits for, and for about how long."""
         return self.coordinator.describe(container)
 
-    def start(self) -> None:
-        """Join (ClusterMismatch if the cluster disagrees) and run rounds in the background."""
+    def start(self, before_rounds: Callable[[], None] = lambda: None) -> None:
+        """Join (ClusterMismatch if the cluster disagrees), call ``before_rounds``, then run rounds."""
         self.coordinator.join()
+        before_rounds()
         self._thread = threading.Thread(target=self.coordinator.run, args=(self._stop,),
                                         name="cluster", daemon=True)
         self._thread.start()

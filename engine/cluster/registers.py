@@ -12,18 +12,30 @@ now holds exactly its bytes.
 ``MemoryRegisters`` is atomic under a lock, so races are tested on it; moto
 checks conditions without a lock (two racing conditional PUTs can both
 succeed there), so on moto only sequential conflicts are meaningful.
+
+``FolderRegisters`` keeps them as files in a folder, for the processes of
+one node that share a data folder (docs/design.md "Processes per node"): a
+create links a written file into place (which fails if one is there), a
+replace renames one over it under an ``flock``, so both are atomic between
+processes as S3's conditional writes are between nodes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import os
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from engine.blocking import run_blocking
 from engine.tier2.s3 import error_code, error_status, make_client, was_retried
 
 # 412: the condition failed; 409: another conditional write of the key was under way (nothing written).
@@ -100,6 +112,132 @@ class MemoryRegisters:
     def names(self, prefix: str) -> list[str]:
         with self._lock:
             return sorted(name for name in self._registers if name.startswith(prefix))
+
+
+class FolderRegisters:
+    """Registers as files under ``root``, atomic between the processes that share it.
+
+    A file holds its version (a fresh id per write) on its first line, then
+    the bytes. ``create`` writes a temporary file and links it to the
+    register's name, which fails if the name exists; ``replace`` checks the
+    version and renames a written file over the register, both under an
+    ``flock`` of ``root/.lock`` that every replace takes. Each write is synced
+    before it is visible, and its folder after. The disk calls run off the
+    gevent hub (``run_blocking``).
+    """
+
+    _LOCK = ".lock"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, name: str) -> Path:
+        assert name and not name.startswith((".", "/")) and ".." not in name.split("/"), name
+        return self.root / name
+
+    def read(self, name: str) -> Register | None:
+        return run_blocking(self._read, name)
+
+    def _read(self, name: str) -> Register | None:
+        try:
+            raw = self._path(name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RegisterError(f"read of register {name!r} failed: {exc}") from exc
+        version, _, data = raw.partition(b"\n")
+        return Register(data, version.decode("ascii"))
+
+    def create(self, name: str, data: bytes) -> str:
+        return run_blocking(self._create, name, data)
+
+    def _create(self, name: str, data: bytes) -> str:
+        path = self._path(name)
+        version, temp = self._written(path, data)
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            raise RegisterConflict(f"register {name!r} exists") from None
+        except OSError as exc:
+            raise RegisterError(f"write of register {name!r} failed: {exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+        _sync_folder(path.parent)
+        return version
+
+    def replace(self, name: str, data: bytes, version: str) -> str:
+        return run_blocking(self._replace, name, data, version)
+
+    def _replace(self, name: str, data: bytes, version: str) -> str:
+        path = self._path(name)
+        new_version, temp = self._written(path, data)
+        try:
+            with self._locked():
+                current = self._read(name)
+                if current is None or current.version != version:
+                    raise RegisterConflict(f"register {name!r} changed")
+                os.rename(temp, path)
+        except OSError as exc:
+            raise RegisterError(f"write of register {name!r} failed: {exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+        _sync_folder(path.parent)
+        return new_version
+
+    def _written(self, path: Path, data: bytes) -> tuple[str, Path]:
+        """A new version, and a synced temporary file beside ``path`` holding it and ``data``."""
+        version = uuid.uuid4().hex
+        temp = path.parent / f".{path.name}.{version}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(version.encode("ascii") + b"\n" + bytes(data))
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            raise RegisterError(f"write of register {path.name!r} failed: {exc}") from exc
+        return version, temp
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / self._LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # drops the flock
+
+    def names(self, prefix: str) -> list[str]:
+        return run_blocking(self._names, prefix)
+
+    def _names(self, prefix: str) -> list[str]:
+        found: list[str] = []
+        try:
+            for folder, dirs, files in os.walk(self.root):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                base = os.path.relpath(folder, self.root)
+                for file in files:
+                    name = file if base == "." else f"{base}/{file}"
+                    if not file.startswith(".") and name.startswith(prefix):
+                        found.append(name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise RegisterError(f"listing of registers {prefix!r} failed: {exc}") from exc
+        return sorted(found)
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class S3Registers:

@@ -2,7 +2,9 @@
 
 With Tier 1 on local files the data folder holds both: an exclusive
 ``flock`` on ``LOCK`` (one server process per folder; ``StoreLocked``
-otherwise) and ``store.json``. With Tier 1 on S3 there is no lock (each
+otherwise) and ``store.json``; with ``processes`` > 1 each process holds
+a slot instead, and they share the lock (``engine/cluster/processes.py``).
+With Tier 1 on S3 there is no lock (each
 container log's fence takes its place) and the record lives in the bucket.
 The record is checked when the store opens (``Misconfigured`` on a
 difference) but written only once every container has recovered, so that a
@@ -17,6 +19,7 @@ import os
 from collections.abc import Callable
 
 from engine.blocking import run_blocking
+from engine.cluster.processes import ProcessSlot
 from engine.config import Settings
 from engine.errors import StoreLocked
 from engine.store import record as store_record
@@ -35,10 +38,24 @@ class DataFolder:
         self._tier1_objects = tier1_objects
         self._lock_fd: int | None = None
         self._record_to_write: store_record.StoreRecord | None = None
+        self.slot: ProcessSlot | None = None  # this process's, one of several over the folder
 
     def open(self) -> None:
-        """Take the lock and check the record (StoreLocked, Misconfigured)."""
-        if self.settings.tier1_s3 is None:
+        """Take the lock (or a process slot) and check the record (StoreLocked, Misconfigured)."""
+        s = self.settings
+        if s.local_members:
+            self.slot = ProcessSlot(s.data_path.resolve(), s.processes, s.node_id)
+            self.slot.take()
+            try:
+                if s.tier1_s3 is None:
+                    data = s.data_path.resolve()
+                    self._record_to_write = run_blocking(store_record.check_in_folder, data, s)
+                else:
+                    self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), s)
+            except BaseException:
+                self.slot.close()
+                raise
+        elif self.settings.tier1_s3 is None:
             run_blocking(self._lock_and_check)
         else:
             self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), self.settings)
@@ -81,6 +98,8 @@ class DataFolder:
 
     def close(self) -> None:
         """Release the lock."""
+        if self.slot is not None:
+            self.slot.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

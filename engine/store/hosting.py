@@ -87,7 +87,7 @@ class ContainerHosting:
         """
         if not self._containers:
             self._folder.open()
-            if self.settings.node_id:
+            if self.settings.node_id or self.settings.local_members:
                 self._join_cluster()
                 return
             self._containers = [self._build_container(i) for i in range(self.settings.container_count)]
@@ -101,27 +101,39 @@ class ContainerHosting:
             self.wait_ready()
 
     def _join_cluster(self) -> None:
-        """Run the containers this node wins leases for (engine/cluster/node.py), not all of them."""
+        """Run the containers whose leases this node (or process) wins (engine/cluster/node.py), not all."""
         from engine.cluster.node import ClusterNode  # boto3: see _tier2 on the late import
         from engine.cluster.peers import HttpTransport, PeerClient
+        from engine.cluster.processes import REGISTERS
+        from engine.cluster.registers import FolderRegisters, Registers, S3Registers
         from engine.store.cluster_wide import ClusterWide
 
         s = self.settings
-        assert s.tier1_s3 is not None
-        bucket, prefix = s.tier1_s3
+        registers: Registers
+        slot = self._folder.slot  # one of the processes of this node, over the data folder
+        if s.tier1_s3 is None:
+            registers, where = FolderRegisters(s.data_path.resolve() / REGISTERS), s.data_dir
+        else:
+            bucket, prefix = s.tier1_s3
+            registers, where = S3Registers(bucket, prefix, endpoint_url=s.s3_endpoint or None), s.tier1
+        node_id = slot.member if slot is not None else s.node_id
         self._cluster_metrics = ClusterMetrics(self.registry)
-        self._node = ClusterNode.on_s3(
-            bucket, prefix, s.s3_endpoint or None, node_id=s.node_id, url=s.node_url,
+        self._node = ClusterNode(
+            registers, node_id=node_id, url=s.node_url,
             container_count=s.container_count, lease_s=s.lease_s, host=self._host, unhost=self._unhost,
             failed=self._hosted_failed, metrics=self._cluster_metrics, released=self._released,
             hop=self._hop, machine=self._machine,
+            gone=slot.member_gone if slot is not None else lambda node: False,
         )
         node = self._node
         transport = self._peer_transport if self._peer_transport is not None else HttpTransport()
         self._wide = ClusterWide(self, node, PeerClient(transport, lambda: node.secret))
         self._started.set()
-        self._node.start()
-        log.info("segstore node %s (%s) joined the cluster in %s", s.node_id, s.node_url, s.tier1)
+        if slot is not None:  # the processes of a node start together: each takes its share at once
+            self._node.start(lambda: slot.wait_for_the_others(registers, timeout_s=s.lease_s / 3))
+        else:
+            self._node.start()
+        log.info("segstore node %s (%s) joined the cluster in %s", node_id, s.node_url, where)
 
     def _host(self, container_id: int) -> None:
         """Start serving a container this node won (its recovery fences the previous owner)."""
@@ -323,6 +335,13 @@ class ContainerHosting:
         if self._node is None:
             return None
         return self._node.view().hops.get(node)
+
+    def sibling_urls(self) -> dict[str, str]:
+        """The other processes of this node (``processes`` > 1) and their URLs, as last seen."""
+        slot = self._folder.slot
+        if self._node is None or slot is None:
+            return {}
+        return {member: url for member, url in self._node.view().nodes.items() if slot.sibling(member)}
 
     def owner_unreachable(self, node: str) -> None:
         """A request forwarded to ``node`` was refused: the answers that wait for it say why."""

@@ -35,6 +35,7 @@ class Tiers:
                 file_bytes=s.tier1_file_bytes,
                 max_frame_bytes=s.max_frame_bytes,
                 group=self.file_syncs,
+                fenced=s.local_members,
             )
         return ObjectDataLog(
             self.tier1_objects(),

@@ -114,10 +114,14 @@ def test_an_objects_record_and_its_bucket_marker_hash_as_the_subjects_do() -> No
     assert container_for(objects.bucket_marker("bkt"), 7) == container_for("bkt", 7)
 
 
+class FakeNode:
+    node_id = "here"
+
+
 class FakeStore:
     """The parts of a cluster node's store ``Forwarding`` reads; ``ready_at`` is when it serves."""
 
-    def __init__(self, *, wait_s: float, ready_at: float | None, node: object | None = True) -> None:
+    def __init__(self, *, wait_s: float, ready_at: float | None, node: object | None = FakeNode()) -> None:
         self.node = node
         self.settings = Settings(container_count=4)
         self.wait_s = wait_s

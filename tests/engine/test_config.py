@@ -202,3 +202,22 @@ def test_sizes_are_accepted_as_the_settings_table_writes_them(
 def test_a_size_in_another_form_is_refused_with_the_expected_form(raw: str) -> None:
     with pytest.raises(InvalidArgument, match=r"cache_max_bytes is a size: .*e\.g\. 8 MiB"):
         load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw})
+
+
+def test_processes_default_to_one_per_core_up_to_the_containers_with_local_tier1() -> None:
+    assert Settings().processes_to_start(2) == 2
+    assert Settings().processes_to_start(64) == 4  # no process without a container
+    assert Settings(processes=1).processes_to_start(64) == 1
+    s3 = Settings(tier1="s3://b/t1", tier2="s3://b/t2")
+    assert s3.processes_to_start(8) == 1  # a cluster node is one process
+    assert not Settings().local_members  # in one process (tests, the CLI) 0 means one
+    assert Settings(processes=2).local_members
+
+
+def test_processes_refused_beyond_the_containers_or_on_s3_outside_a_cluster() -> None:
+    with pytest.raises(InvalidArgument, match="exceeds container_count"):
+        Settings(processes=5)
+    with pytest.raises(InvalidArgument, match="each process a cluster member: set node_id"):
+        Settings(processes=2, tier1="s3://b/t1", tier2="s3://b/t2")
+    on_s3 = Settings(processes=2, tier1="s3://b/t1", tier2="s3://b/t2", node_id="a", advertise_url="http://h:1")
+    assert on_s3.local_members and on_s3.processes_to_start(8) == 2

@@ -1,25 +1,37 @@
-"""The register contract on memory and on S3 (moto): create if absent, replace if unchanged.
+"""The register contract on memory, in a folder and on S3 (moto): create if absent, replace if unchanged.
 
-moto checks conditions without a lock, so races run on memory only.
+moto checks conditions without a lock, so races run on memory, and on a
+folder between processes.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from engine.cluster.registers import MemoryRegisters, Register, RegisterConflict, Registers, S3Registers
+from engine.cluster.registers import (
+    FolderRegisters,
+    MemoryRegisters,
+    Register,
+    RegisterConflict,
+    Registers,
+    S3Registers,
+)
 
 
-@pytest.fixture(params=["memory", pytest.param("s3", marks=pytest.mark.process)])
-def registers(request: pytest.FixtureRequest) -> Registers:
+@pytest.fixture(params=["memory", "folder", pytest.param("s3", marks=pytest.mark.process)])
+def registers(request: pytest.FixtureRequest, tmp_path: Path) -> Registers:
     if request.param == "memory":
         return MemoryRegisters()
+    if request.param == "folder":
+        return FolderRegisters(tmp_path / "registers")
     bucket = request.getfixturevalue("s3_bucket")
     client = request.getfixturevalue("s3_client")
     return S3Registers(bucket, f"cluster-{uuid.uuid4().hex[:8]}", client=client)
@@ -87,6 +99,48 @@ def test_racing_creates_and_replaces_have_one_winner_in_memory() -> None:
     version = registers.read("lease").version
     won = _race(lambda i: registers.replace("lease", f"r{i}".encode(), version), 16)
     assert len(won) == 1 and registers.read("lease").data == f"r{won[0]}".encode()
+
+
+def _bump_counter(root: str, rounds: int, start: Any, out: Any) -> None:
+    """Add one to the counter register ``rounds`` times by read and compare-and-set."""
+    registers = FolderRegisters(Path(root))
+    start.wait()
+    for _ in range(rounds):
+        while True:
+            current = registers.read("counter")
+            assert current is not None
+            try:
+                registers.replace("counter", str(int(current.data) + 1).encode(), current.version)
+                break
+            except RegisterConflict:
+                continue
+    out.put(True)
+
+
+def test_racing_replaces_in_processes_lose_no_update_in_a_folder(tmp_path: Path) -> None:
+    registers = FolderRegisters(tmp_path)
+    registers.create("counter", b"0")
+    start, out = multiprocessing.Event(), multiprocessing.Queue()
+    args = (str(tmp_path), 40, start, out)
+    procs = [multiprocessing.Process(target=_bump_counter, args=args) for _ in range(4)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    for _ in procs:
+        out.get(timeout=120)
+    for proc in procs:
+        proc.join(30)
+    assert registers.read("counter").data == b"160"
+    assert registers.names("") == ["counter"]  # no temporary file is left or listed
+
+
+def test_racing_creates_and_replaces_have_one_winner_in_a_folder(tmp_path: Path) -> None:
+    registers = FolderRegisters(tmp_path)
+    won = _race(lambda i: registers.create("leases/00001", f"{i}".encode()), 16)
+    assert len(won) == 1 and registers.read("leases/00001").data == f"{won[0]}".encode()
+    version = registers.read("leases/00001").version
+    won = _race(lambda i: registers.replace("leases/00001", f"r{i}".encode(), version), 16)
+    assert len(won) == 1 and registers.read("leases/00001").data == f"r{won[0]}".encode()
 
 
 class _RetriedAfterLanding:

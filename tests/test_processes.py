@@ -1,0 +1,337 @@
+"""A node of several processes over one data folder (docs/design.md "Processes per node"), on real processes.
+
+gunicorn runs two gevent workers sharing the public port; they split four
+containers by leases kept in the data folder. Writers append with writer ids
+and event numbers (resent after a 503, a 502 or a broken connection, which
+deduplication makes safe), so every acknowledged event must be stored
+exactly once whatever happens to a process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from botocore.config import Config
+
+from bench.servers import ServerProcess, cluster_node_env, free_port
+from client.segment_client import SegmentClient
+from engine import container_for
+from tests.s3.conftest import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.process
+
+LEASE_S = 3
+SEGMENTS = [f"procs/s{i}" for i in range(8)]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[ServerProcess]:
+    env = {
+        "SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200",
+        "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}",
+    }
+    with ServerProcess(tmp_path / "data", env=env) as running:
+        wait_until(lambda: split(running) == [2, 2], 30, running)
+        for name in SEGMENTS:
+            assert requests.put(f"{running.url}/v1/segments/{name}", timeout=10).status_code == 201
+        yield running
+
+
+def cluster(server: ServerProcess) -> dict:
+    return requests.get(f"{server.url}/v1/cluster", timeout=10).json()
+
+
+def owners(server: ServerProcess) -> dict[int, str]:
+    return {c["id"]: c["owner"] for c in cluster(server)["containers"] if c["owner"]}
+
+
+def split(server: ServerProcess) -> list[int]:
+    """How many containers each process serves, fewest first."""
+    held = list(owners(server).values())
+    return sorted(held.count(m) for m in members(server))
+
+
+def members(server: ServerProcess) -> dict[str, str]:
+    return {n["id"]: n["url"] for n in cluster(server)["nodes"]}
+
+
+def pid_of(server: ServerProcess, member: str) -> int:
+    slot = member.rpartition(".p")[2] if ".p" in member else member[1:]
+    return int((server.data_dir / "processes" / f"slot-{slot}").read_text())
+
+
+def wait_until(check, timeout_s: float, server: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except (requests.RequestException, KeyError, ValueError):
+            pass
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.1)
+
+
+class Writers:
+    """One writer per segment, each appending numbered events through ``url`` until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.acked: dict[str, list[bytes]] = {name: [] for name in SEGMENTS}
+        self.refused: dict[str, int] = {name: 0 for name in SEGMENTS}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._write, args=(name,), daemon=True) for name in SEGMENTS]
+
+    def __enter__(self) -> Writers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _write(self, name: str) -> None:
+        writer, session = str(uuid.uuid4()), requests.Session()
+        number = 0
+        while not self._stop.is_set():
+            number += 1
+            event = f"{name}:{number:08d};".encode()
+            headers = {"Writer-Id": writer, "Event-Number": str(number)}
+            while not self._stop.is_set():  # the same event until it is acknowledged
+                try:
+                    url = f"{self.url}/v1/segments/{name}"
+                    answer = session.post(url, data=event, headers=headers, timeout=30)
+                except requests.RequestException:
+                    session = requests.Session()
+                    self.refused[name] += 1
+                    time.sleep(0.05)
+                    continue
+                if answer.status_code == 200:
+                    self.acked[name].append(event)
+                    break
+                assert answer.status_code in (502, 503), answer.text
+                self.refused[name] += 1
+                time.sleep(0.05)
+
+    def count(self) -> int:
+        return sum(len(events) for events in self.acked.values())
+
+
+def check_stored_once(server: ServerProcess, writers: Writers) -> None:
+    """Every acknowledged event is stored, once, in order; nothing unacknowledged but a last resend."""
+    for name, acked in writers.acked.items():
+        data = requests.get(f"{server.url}/v1/segments/{name}", timeout=30).content
+        stored = [event + b";" for event in data.split(b";") if event]
+        assert len(stored) == len(set(stored)), f"{name}: an event stored twice"
+        assert stored[: len(acked)] == acked, f"{name}: an acknowledged event is missing or out of order"
+        assert len(stored) - len(acked) <= 1  # the last event, sent when the writers stopped
+
+
+def test_two_processes_split_the_containers_and_answer_for_each_other(node: ServerProcess) -> None:
+    urls = members(node)
+    for name in SEGMENTS:
+        for url in urls.values():  # each process answers for every segment, forwarding to its owner
+            answer = requests.post(f"{url}/v1/segments/{name}", data=b"x;", timeout=10)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers.get("Segment-Owner") in (None, *urls)
+
+
+def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerProcess) -> None:
+    for url in [node.url, *members(node).values()]:
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        for member in ("p0", "p1"):
+            assert f'segstore_cluster_leases_held{{process="{member}"}} 2.0' in text
+        health = requests.get(f"{url}/healthz", timeout=10)
+        assert health.status_code == 200, health.text
+    alone = requests.get(f"{node.url}/metrics", headers={"Segstore-Metrics-Here": "1"}, timeout=10).text
+    assert alone.count("segstore_cluster_leases_held 2.0") == 1 and 'process="' not in alone
+
+
+def forwarded(server: ServerProcess) -> float:
+    """Requests the node's processes passed on to another, from one scrape."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("segstore_http_requests_total{") and 'route="forwarded"' in line)
+
+
+def test_the_python_client_learns_each_segments_process_and_goes_straight_to_it(node: ServerProcess) -> None:
+    with SegmentClient(node.url) as client:
+        for name in SEGMENTS:  # a forwarded answer names the process serving the segment
+            client.append(name, b"first;")
+        before = forwarded(node)
+        for _ in range(5):
+            for name in SEGMENTS:
+                client.append(name, b"next;")
+        assert forwarded(node) == before  # every append went straight to its process
+        assert all(client.read(name).data == b"first;" + b"next;" * 5 for name in SEGMENTS)
+
+
+def test_a_listing_from_either_process_shows_every_container(node: ServerProcess) -> None:
+    for url in members(node).values():
+        listed = requests.get(f"{url}/v1/segments", params={"prefix": "procs/"}, timeout=10).json()
+        assert sorted(s["name"] for s in listed["segments"]) == sorted(SEGMENTS)
+
+
+def test_a_merge_across_processes_copies_the_source_into_the_target(node: ServerProcess) -> None:
+    held = owners(node)
+    target = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p0")
+    source = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p1")
+    urls = members(node)
+    assert requests.post(f"{node.url}/v1/segments/{source}", data=b"from the source;", timeout=10).ok
+    assert requests.post(f"{node.url}/v1/segments/{source}:seal", timeout=10).ok
+    merged = requests.post(f"{urls['p0']}/v1/segments/{target}:merge", json={"source": source}, timeout=30)
+    assert merged.status_code == 200, merged.text
+    assert requests.get(f"{node.url}/v1/segments/{target}", timeout=10).content == b"from the source;"
+    assert requests.get(f"{node.url}/v1/segments/{source}:info", timeout=10).status_code == 404
+
+
+def s3_client(url: str):  # type: ignore[no-untyped-def]
+    return boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1", config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )
+
+
+def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(node: ServerProcess) -> None:
+    urls = list(members(node).values())
+    clients = [s3_client(url) for url in urls]
+    clients[0].create_bucket(Bucket="procs")
+    upload = clients[0].create_multipart_upload(Bucket="procs", Key="big")["UploadId"]
+    parts = [os.urandom(5 << 20), os.urandom(5 << 20), os.urandom(1234)]
+    etags = [
+        clients[n % 2].upload_part(
+            Bucket="procs", Key="big", UploadId=upload, PartNumber=n + 1, Body=part
+        )["ETag"]
+        for n, part in enumerate(parts)
+    ]
+    clients[1].complete_multipart_upload(
+        Bucket="procs", Key="big", UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": n + 1, "ETag": e} for n, e in enumerate(etags)]},
+    )
+    assert s3_client(node.url).get_object(Bucket="procs", Key="big")["Body"].read() == b"".join(parts)
+
+
+def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(node: ServerProcess) -> None:
+    by_owner = owners(node)
+    urls = members(node)
+    name = SEGMENTS[0]
+    owner = requests.post(f"{node.url}/v1/segments/{name}", data=b"a;", timeout=10)
+    assert owner.status_code == 200
+    served_by = owner.headers.get("Segment-Owner")
+    holder = served_by or next(m for m in urls if m in by_owner.values())
+    other = next(m for m in urls if m != holder)
+    got: list[requests.Response] = []
+    poll = threading.Thread(
+        target=lambda: got.append(
+            requests.get(f"{urls[other]}/v1/segments/{name}", params={"offset": 2, "wait": 20}, timeout=30)
+        )
+    )
+    poll.start()
+    time.sleep(0.5)
+    assert not got  # it waits at the tail
+    began = time.monotonic()
+    assert requests.post(f"{urls[holder]}/v1/segments/{name}", data=b"b;", timeout=10).status_code == 200
+    poll.join(30)
+    assert got and got[0].status_code == 200 and got[0].content == b"b;"
+    assert time.monotonic() - began < 5
+
+
+def test_kill_9_of_one_process_under_writers_loses_and_duplicates_nothing(node: ServerProcess) -> None:
+    with Writers(node.url) as writers:
+        wait_until(lambda: writers.count() > 100, 30, node)
+        victim = "p1"
+        pid = pid_of(node, victim)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: pid_of(node, victim) != pid, 30, node)  # gunicorn started another
+        wait_until(lambda: len(owners(node)) == 4 and victim in members(node), 30, node)
+        before = {name: len(events) for name, events in writers.acked.items()}
+        # every segment takes appends again soon after the kill
+        wait_until(lambda: all(len(writers.acked[n]) > before[n] for n in SEGMENTS), 30, node)
+        back_in_s = time.monotonic() - killed_at
+    check_stored_once(node, writers)
+    assert back_in_s < 20, back_in_s
+
+
+def test_a_paused_process_acknowledges_nothing_for_the_containers_it_lost(node: ServerProcess) -> None:
+    urls = members(node)
+    paused, live = "p1", "p0"
+    lost = sorted(c for c, m in owners(node).items() if m == paused)
+    with Writers(urls[live]) as writers:
+        wait_until(lambda: writers.count() > 50, 30, node)
+        os.kill(pid_of(node, paused), signal.SIGSTOP)
+        try:
+            # appends sent to the paused process wait in its queue; it must not acknowledge them
+            # for containers it lost, so each is refused (503), forwarded to the new owner, or stored.
+            late: list[tuple[str, requests.Response | None]] = []
+
+            def send_late(name: str) -> None:
+                try:
+                    late.append((name, requests.post(f"{urls[paused]}/v1/segments/{name}",
+                                                     data=b"late;", timeout=60)))
+                except requests.RequestException:
+                    late.append((name, None))
+
+            senders = [threading.Thread(target=send_late, args=(name,)) for name in SEGMENTS]
+            for sender in senders:
+                sender.start()
+            wait_until(lambda: all(owners(node).get(c) == live for c in lost), 30, node)
+            time.sleep(LEASE_S)
+        finally:
+            os.kill(pid_of(node, paused), signal.SIGCONT)
+        for sender in senders:
+            sender.join(90)
+        wait_until(lambda: writers.count() > 0 and len(owners(node)) == 4, 30, node)
+    for name, answer in late:
+        data = requests.get(f"{node.url}/v1/segments/{name}", timeout=30).content
+        if answer is not None and answer.status_code == 200:
+            assert b"late;" in data, f"{name}: acknowledged by the paused process but not stored"
+    # drop the late events from the check: they carry no writer id
+    for name in SEGMENTS:
+        data = requests.get(f"{node.url}/v1/segments/{name}", timeout=30).content
+        stored = [e + b";" for e in data.split(b";") if e and e != b"late"]
+        acked = writers.acked[name]
+        assert len(stored) == len(set(stored)) and stored[: len(acked)] == acked
+        assert len(stored) - len(acked) <= 1
+
+
+def test_a_graceful_stop_under_writers_loses_nothing_and_the_node_starts_again(node: ServerProcess) -> None:
+    with Writers(node.url) as writers:
+        wait_until(lambda: writers.count() > 100, 30, node)
+        began = time.monotonic()
+        assert node.stop(40) == 0
+        stopped_in = time.monotonic() - began
+    again = ServerProcess(node.data_dir, port=node.port, env=node.env)
+    with again:
+        wait_until(lambda: split(again) == [2, 2], 30, again)
+        check_stored_once(again, writers)
+    assert stopped_in < 30, stopped_in  # within gunicorn's graceful_timeout
+
+
+def test_with_tier1_on_s3_each_process_is_a_cluster_member(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    port = free_port()
+    env = cluster_node_env("a", port, moto_endpoint, s3_bucket, lease_s=LEASE_S) | {"SEGSTORE_PROCESSES": "2"}
+    with ServerProcess(tmp_path / "a", port=port, env=env) as server:
+        wait_until(lambda: sorted(owners(server).values()) == ["a.p0", "a.p0", "a.p1", "a.p1"], 30, server)
+        for name in SEGMENTS:
+            assert requests.put(f"{server.url}/v1/segments/{name}", timeout=10).status_code == 201
+        with Writers(server.url) as writers:
+            wait_until(lambda: writers.count() > 50, 30, server)
+            victim = pid_of(server, "a.p1")
+            os.kill(victim, signal.SIGKILL)  # its containers move at once: its slot's lock is gone
+            before = {name: len(events) for name, events in writers.acked.items()}
+            wait_until(lambda: all(len(writers.acked[n]) > before[n] for n in SEGMENTS), 30, server)
+        check_stored_once(server, writers)
