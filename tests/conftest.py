@@ -82,7 +82,7 @@ def process_group(item: pytest.Item) -> str:
 # alone orders units by their number of tests, which put long modules of one or three tests among
 # the last). The others follow in xdist's order; a stale figure only costs some balance.
 LONGEST_UNITS = {
-    "spark": 250,
+    "spark": 225,
     "tests/test_cluster_failover.py": 175,
     "tests/test_cluster_nodes.py": 125,
     "tests/streams/test_conformance.py": 60,

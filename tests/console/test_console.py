@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 from bench.console import CHROMEDRIVER, CHROMIUM, browser, fill_sample, wait_for_text
 from bench.local_cluster import LocalCluster
 from bench.servers import ServerProcess
+from tests.cluster_writers import killed_at_exit
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.process  # Chromium and its driver are processes too
@@ -50,8 +51,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_cli
     """Three nodes sharing a bucket of moto's, their containers spread, filled with ``fill_sample``."""
     bucket = f"console-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=bucket)
-    with LocalCluster(tmp_path_factory.mktemp("console"), nodes=3, endpoint=moto_endpoint, bucket=bucket,
-                      settings=SETTINGS) as running:
+    cluster = LocalCluster(tmp_path_factory.mktemp("console"), nodes=3, endpoint=moto_endpoint, bucket=bucket,
+                           settings=SETTINGS)
+    with killed_at_exit(cluster) as running:
         wait_until(lambda: running.balanced("a"), "containers spread over three nodes", 60)
         yield running, fill_sample(running.nodes["a"].url)
 

@@ -20,7 +20,7 @@ from bench.local_cluster import LocalCluster, owners
 from client.events import EventWriter
 from client.segment_client import SegmentClient
 from engine.naming import container_for
-from tests.cluster_writers import segments_in
+from tests.cluster_writers import killed_at_exit, segments_in
 from tests.polling import wait_until
 from tests.spark.conftest import MAX_APPEND_BYTES, MAX_READ_BYTES
 
@@ -47,7 +47,8 @@ def cluster(
         "SEGSTORE_LOG_LEVEL": "warning",
     }
     workdir = tmp_path_factory.mktemp("spark-cluster")
-    with LocalCluster(workdir, nodes=2, endpoint=moto_endpoint, bucket=bucket, settings=settings) as running:
+    with killed_at_exit(LocalCluster(workdir, nodes=2, endpoint=moto_endpoint, bucket=bucket,
+                                     settings=settings)) as running:
         wait_until(lambda: running.balanced("a") and running.balanced("b"), "two containers on each node", 90)
         yield running
 
