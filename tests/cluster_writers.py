@@ -8,13 +8,11 @@ what was acknowledged, so a test can check every acknowledged append is stored e
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import requests
@@ -34,15 +32,6 @@ class Outcome:
     owner: str | None
     retry_after: str | None
     error: str | None = None  # what the request raised, or the answer's detail when it was not a 200
-
-
-@contextlib.contextmanager
-def killed_at_exit(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    """``cluster`` started, and killed at the end: its graceful stop would take seconds and show nothing."""
-    try:
-        yield cluster.start()
-    finally:
-        cluster.kill()
 
 
 def segments_in(containers: list[int], count: int, per_container: int, prefix: str) -> list[str]:

@@ -26,8 +26,9 @@ import requests
 
 from bench.local_cluster import LocalCluster, owners
 from bench.servers import ServerProcess, cluster_node_env, free_port
-from tests.cluster_writers import killed_at_exit, segments_in
+from tests.cluster_writers import segments_in
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 

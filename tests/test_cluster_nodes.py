@@ -27,7 +27,6 @@ from tests.cluster_writers import (
     ClientWriter,
     HttpWriter,
     finish,
-    killed_at_exit,
     segments_in,
     send,
     stored,
@@ -35,6 +34,7 @@ from tests.cluster_writers import (
 )
 from tests.conftest import random_seed
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.servers import ROOT, ServerProcess, free_port
+from tests.processes import killed_at_exit
 
 README = ROOT / "README.md"
 # A fenced block and the line before it (its marker).
@@ -66,7 +67,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """What ``make run`` starts, on a data folder of its own."""
-    with ServerProcess(tmp_path_factory.mktemp("readme") / "data", port=free_port()) as running:
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("readme") / "data")) as running:
         yield running
 
 

@@ -23,8 +23,8 @@ from selenium.webdriver.common.by import By
 from bench.console import CHROMEDRIVER, CHROMIUM, browser, fill_sample, wait_for_text
 from bench.local_cluster import LocalCluster
 from bench.servers import ServerProcess
-from tests.cluster_writers import killed_at_exit
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = pytest.mark.process  # Chromium and its driver are processes too
 TIMEOUT_S = 10
@@ -319,7 +319,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         f'[[token]]\nname = "admin"\ntoken = "{ADMIN}"\ngrants = [{{prefix = "", access = "admin"}}]\n'
         f'[[token]]\nname = "team"\ntoken = "{NARROW}"\ngrants = [{{prefix = "team/", access = "read"}}]\n'
     )
-    with ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)}) as running:
+    with killed_at_exit(ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)})) as running:
         admin = {"Authorization": f"Bearer {ADMIN}"}
         for name in ("team/a", "team/b", "other/secret"):
             answer = requests.put(f"{running.url}/v1/segments/{name}", headers=admin, timeout=TIMEOUT_S)

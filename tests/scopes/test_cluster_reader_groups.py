@@ -13,8 +13,8 @@ from bench.local_cluster import LocalCluster, wait_for
 from client.reader_group import ReaderGroup
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
-from tests.cluster_writers import killed_at_exit
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 from tests.test_cluster_nodes import MOVE_S, SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]

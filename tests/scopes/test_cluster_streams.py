@@ -18,8 +18,8 @@ from client.errors import SegstoreClientError
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from engine.naming import container_for
-from tests.cluster_writers import killed_at_exit
 from tests.conftest import random_seed
+from tests.processes import killed_at_exit
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
 from tests.test_cluster_nodes import CONTAINERS, MOVE_S
 from tests.test_cluster_nodes import SETTINGS as NODE_SETTINGS

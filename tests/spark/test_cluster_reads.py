@@ -20,8 +20,9 @@ from bench.local_cluster import LocalCluster, owners
 from client.events import EventWriter
 from client.segment_client import SegmentClient
 from engine.naming import container_for
-from tests.cluster_writers import killed_at_exit, segments_in
+from tests.cluster_writers import segments_in
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 from tests.spark.conftest import MAX_APPEND_BYTES, MAX_READ_BYTES
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
