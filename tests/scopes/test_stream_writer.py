@@ -120,7 +120,10 @@ def test_pipelined_conditional_batches_land_in_order_whatever_their_arrival(clie
 @pytest.mark.slow
 @pytest.mark.process
 def test_a_writer_goes_on_exactly_once_across_a_restart_and_a_scale(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", env=ENV) as server, SegmentClient(server.url) as client:
+    with (
+        killed_at_exit(ServerProcess(tmp_path / "data", env=ENV)) as server,
+        SegmentClient(server.url) as client,
+    ):
         stream = _stream(client, segments=2)
         writers = KeyedWriters(client, "sc", stream, KEYS, threads=2).start()
         time.sleep(0.5)
