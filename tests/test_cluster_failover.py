@@ -213,7 +213,7 @@ def test_a_node_whose_bucket_answers_slowly_keeps_its_leases_while_it_recovers_c
     ports = {"a": free_port(), "b": free_port()}
     a_env = cluster_node_env("a", ports["a"], moto_endpoint, s3_bucket, lease_s=lease_s, containers=4)
     b_env = cluster_node_env("b", ports["b"], proxy.url, s3_bucket, lease_s=lease_s, containers=4)
-    with ServerProcess(tmp_path / "a", port=ports["a"], env=a_env) as a:
+    with killed_at_exit(ServerProcess(tmp_path / "a", port=ports["a"], env=a_env)) as a:
         wait_until(lambda: None not in owners(a.url), "node a serving every container", MOVE_S)
         b = ServerProcess(tmp_path / "b", port=ports["b"], env=b_env)
         try:
