@@ -18,6 +18,8 @@ from typing import Any
 
 import boto3
 import pytest
+from xdist.scheduler import LoadGroupScheduling
+from xdist.workermanage import WorkerController
 
 from bench.servers import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer
 
@@ -65,11 +67,66 @@ def process_group(item: pytest.Item) -> str:
     A module's tests form one group (they share module fixtures), which one
     worker runs in order; each worker takes the next group as it frees up,
     so as many such modules run side by side as there are workers, and the
-    tests that start nothing fill the gaps. Spark's tests share one JVM: one
-    group.
+    tests that start nothing fill the gaps. The tests that use the Spark
+    session share its JVM: one group; the other tests under tests/spark/
+    (a server, a driver process of their own) group by module as usual.
     """
-    module = item.nodeid.split("::", 1)[0]
-    return "spark" if module.startswith("tests/spark/") else module
+    if "spark" in getattr(item, "fixturenames", ()):
+        return "spark"
+    return item.nodeid.split("::", 1)[0]
+
+
+# The longest work units of ``make test`` (a group, or a test that starts nothing, by its module):
+# seconds each took in one run on two loaded cores, rounded. They are handed out first, longest
+# first, so that none starts late and keeps one worker busy while the other has nothing left (xdist
+# alone orders units by their number of tests, which put long modules of one or three tests among
+# the last). The others follow in xdist's order; a stale figure only costs some balance.
+LONGEST_UNITS = {
+    "spark": 225,
+    "tests/test_cluster_failover.py": 175,
+    "tests/test_cluster_nodes.py": 125,
+    "tests/streams/test_conformance.py": 60,
+    "tests/test_readme.py": 75,
+    "tests/console/test_console.py": 75,
+    "tests/spark/test_streams.py": 65,
+    "tests/app/test_schemathesis.py": 65,
+    "tests/test_cluster_surfaces.py": 55,
+    "tests/test_tier1_s3.py": 50,
+    "tests/test_deploy.py": 50,
+    "tests/s3/test_overwrites.py": 40,
+    "tests/test_crash.py": 35,
+    "tests/test_tier2_outage.py": 33,
+    "tests/scopes/test_cluster_reader_groups.py": 30,
+    "tests/scopes/test_cluster_streams.py": 30,
+    "tests/test_local_cluster.py": 28,
+    "tests/test_transaction_crash.py": 28,
+    "tests/scopes/test_kill.py": 25,
+    "tests/client/test_installed_alone.py": 25,
+}
+
+
+class LongestFirstScheduling(LoadGroupScheduling):
+    """xdist's ``loadgroup`` scheduling, with the units of ``LONGEST_UNITS`` handed out first."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._ordered = False
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        if not self._ordered:  # the work queue is complete before the first unit is handed out
+            self._ordered = True
+            units = sorted(self.workqueue.items(), key=lambda unit: -_expected_s(unit[0]))
+            self.workqueue.clear()
+            self.workqueue.update(units)
+        super()._assign_work_unit(node)
+
+
+def _expected_s(unit: str) -> int:
+    return LONGEST_UNITS.get(unit.split("::", 1)[0], 0)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadGroupScheduling | None:
+    return LongestFirstScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 @pytest.hookimpl(hookwrapper=True)

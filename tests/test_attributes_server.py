@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from bench.servers import ServerProcess
+from tests.processes import killed_at_exit
 
 KEYS = [str(uuid.UUID(int=i + 1)) for i in range(50)]
 
@@ -23,7 +24,7 @@ def _metric(server: ServerProcess, name: str) -> float:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     env = {"SEGSTORE_ATTRIBUTE_CACHE_MAX_BYTES": "0", "SEGSTORE_FLUSH_THRESHOLD_MS": "50"}
-    with ServerProcess(tmp_path / "data", env=env) as running:
+    with killed_at_exit(ServerProcess(tmp_path / "data", env=env)) as running:
         yield running
 
 

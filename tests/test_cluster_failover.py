@@ -28,6 +28,7 @@ from bench.local_cluster import LocalCluster, owners
 from bench.servers import ServerProcess, cluster_node_env, free_port
 from tests.cluster_writers import segments_in
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -72,8 +73,8 @@ def test_a_container_that_took_appends_for_long_recovers_elsewhere_in_seconds(
     tmp_path: Path, moto_endpoint: str, s3_bucket: str
 ) -> None:
     """Recovery replays the last seconds of the log (checkpoints by time and count), not all of it."""
-    with LocalCluster(tmp_path, nodes=2, endpoint=moto_endpoint, bucket=s3_bucket,
-                      settings=SETTINGS) as cluster:
+    with killed_at_exit(LocalCluster(tmp_path, nodes=2, endpoint=moto_endpoint, bucket=s3_bucket,
+                                     settings=SETTINGS)) as cluster:
         wait_until(lambda: cluster.balanced("a"), "containers spread over 2 nodes", MOVE_S)
         (name,) = segments_in([0], CONTAINERS, 1, "aged")
         victim = _owner(cluster, 0)
@@ -113,8 +114,8 @@ def test_a_container_that_took_appends_for_long_recovers_elsewhere_in_seconds(
 def test_writer_id_appends_and_reads_through_a_non_owner_whose_owner_is_killed_get_no_502(
     tmp_path: Path, moto_endpoint: str, s3_bucket: str
 ) -> None:
-    with LocalCluster(tmp_path, nodes=3, endpoint=moto_endpoint, bucket=s3_bucket,
-                      settings=SETTINGS) as cluster:
+    with killed_at_exit(LocalCluster(tmp_path, nodes=3, endpoint=moto_endpoint, bucket=s3_bucket,
+                                     settings=SETTINGS)) as cluster:
         wait_until(lambda: cluster.balanced("a"), "containers spread over 3 nodes", MOVE_S)
         victim = _owner(cluster, 0)
         assert victim is not None  # balanced: every container has its owner
@@ -212,7 +213,7 @@ def test_a_node_whose_bucket_answers_slowly_keeps_its_leases_while_it_recovers_c
     ports = {"a": free_port(), "b": free_port()}
     a_env = cluster_node_env("a", ports["a"], moto_endpoint, s3_bucket, lease_s=lease_s, containers=4)
     b_env = cluster_node_env("b", ports["b"], proxy.url, s3_bucket, lease_s=lease_s, containers=4)
-    with ServerProcess(tmp_path / "a", port=ports["a"], env=a_env) as a:
+    with killed_at_exit(ServerProcess(tmp_path / "a", port=ports["a"], env=a_env)) as a:
         wait_until(lambda: None not in owners(a.url), "node a serving every container", MOVE_S)
         b = ServerProcess(tmp_path / "b", port=ports["b"], env=b_env)
         try:

@@ -34,6 +34,7 @@ from tests.cluster_writers import (
 )
 from tests.conftest import random_seed
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +55,8 @@ Cluster = Callable[[int], AbstractContextManager[LocalCluster]]
 def cluster_of(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> Cluster:
     @contextmanager
     def start(nodes: int) -> Iterator[LocalCluster]:
-        with LocalCluster(tmp_path, nodes=nodes, endpoint=moto_endpoint, bucket=s3_bucket,
-                          settings=SETTINGS) as cluster:
+        with killed_at_exit(LocalCluster(tmp_path, nodes=nodes, endpoint=moto_endpoint, bucket=s3_bucket,
+                                         settings=SETTINGS)) as cluster:
             wait_until(lambda: cluster.balanced("a"), f"containers spread over {nodes} nodes", MOVE_S)
             yield cluster
 

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from bench.servers import ServerProcess
+from tests.processes import killed_at_exit
 
 CLIENTS = 32
 APPENDS_PER_CLIENT = 20
@@ -69,7 +70,7 @@ def _read_all(url: str, name: str) -> bytes:
 
 @pytest.mark.process
 def test_concurrent_appends_split_exactly_into_acknowledged_appends(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data") as server:
+    with killed_at_exit(ServerProcess(tmp_path / "data")) as server:
         assert requests.put(f"{server.url}/v1/segments/{SEGMENT}", timeout=10).status_code == 201
         start = threading.Barrier(CLIENTS)
         acks: list[tuple[int, bytes]] = []

@@ -2,8 +2,10 @@
 
 Every ``sh`` and ``python`` block of README.md is preceded by a marker:
 ``<!-- runnable -->`` (run here, from the repository root, against a fresh
-server; the port the README names, 8080, becomes a free one, since a
-machine running the suite may have 8080 taken, and ``/tmp/`` a folder of
+server; each port the README names becomes a free one: 8080, the server's,
+and those of the servers and moto some blocks start themselves, since a
+machine running the suite may have them taken, by another run of the suite
+too, whose blocks would then talk to its servers; and ``/tmp/`` a folder of
 the test's own) or ``<!-- not run: why -->``. Shell blocks run under ``bash -e``, Python blocks under this
 venv's Python; each must exit 0, and they run in the README's order, as a
 reader walks it (a block may use what an earlier one made).
@@ -21,14 +23,18 @@ from pathlib import Path
 import pytest
 
 from bench.servers import ROOT, ServerProcess, free_port
+from tests.processes import killed_at_exit
 
 README = ROOT / "README.md"
 # A fenced block and the line before it (its marker).
 _BLOCK = re.compile(r"^(?P<marker>[^\n]*)\n```(?P<lang>\w+)\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
 RUNNABLE = "<!-- runnable -->"
 NOT_RUN = re.compile(r"<!-- not run: .+ -->")
-# The README's address of the server, in every form it writes it.
-_README_ADDRESS = re.compile(r"\b(localhost|127\.0\.0\.1):8080\b")
+# The README's addresses, in every form it writes them: 8080 for the server (``make run``), the others
+# for the servers and moto that blocks start themselves; and the port moto_server is told to use.
+README_PORTS = (8080, 8081, 8082, 8090, 5000)
+_README_ADDRESS = re.compile(rf"\b(localhost|127\.0\.0\.1):({'|'.join(map(str, README_PORTS))})\b")
+_MOTO_PORT = re.compile(r"(moto_server\b[^\n]*? -p )(\d+)\b")
 # What the README's commands must not inherit from the machine running the suite.
 _NOT_PASSED = ("SEGSTORE_", "AWS_", "PYSPARK_", "VIRTUAL_ENV", "PYTHONPATH")
 
@@ -61,8 +67,14 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """What ``make run`` starts, on a data folder of its own."""
-    with ServerProcess(tmp_path_factory.mktemp("readme") / "data", port=free_port()) as running:
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("readme") / "data")) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def ports(server: ServerProcess) -> dict[str, str]:
+    """The port each of the README's ports becomes: the server's for 8080, a free one for the others."""
+    return {str(port): str(server.port if port == 8080 else free_port()) for port in README_PORTS}
 
 
 def _environment(server: ServerProcess) -> dict[str, str]:
@@ -78,12 +90,16 @@ def _id(block: tuple[str, str]) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", runnable(), ids=_id)
 def test_a_runnable_block_runs_as_written(
-    server: ServerProcess, scratch: Path, block: tuple[str, str]
+    server: ServerProcess, ports: dict[str, str], scratch: Path, block: tuple[str, str]
 ) -> None:
     lang, code = block
-    code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{server.port}", code).replace("/tmp/", f"{scratch}/")
+    code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{ports[m[2]]}", code).replace("/tmp/", f"{scratch}/")
+    code = _MOTO_PORT.sub(lambda m: f"{m[1]}{ports[m[2]]}", code)
     command = ["bash", "-e", "-o", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
     environment = _environment(server)
     done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
+        f"the server's log:\n{server.log_tail(30)}"
+    )
     assert server.proc is not None and server.proc.poll() is None, "the server died"

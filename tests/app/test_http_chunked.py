@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from bench.servers import ServerProcess
+from tests.processes import killed_at_exit
 
 # name -> (body bytes after the headers, whether the client then half-closes)
 MALFORMED = {
@@ -38,7 +39,7 @@ class Answer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path_factory.mktemp("chunked") / "data") as running:
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("chunked") / "data")) as running:
         yield running
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from bench.servers import ROOT, ServerProcess
+from tests.processes import killed_at_exit
 
 RUN_TIMEOUT_S = 540
 
@@ -33,7 +34,7 @@ RUN_TIMEOUT_S = 540
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 @pytest.mark.process
 def test_schemathesis_finds_nothing(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", env={"SEGSTORE_STREAM_LONG_POLL_S": "1"}) as server:
+    with killed_at_exit(ServerProcess(tmp_path / "data", env={"SEGSTORE_STREAM_LONG_POLL_S": "1"})) as server:
         command = [
             str(Path(sys.executable).with_name("schemathesis")),
             "run",

@@ -21,6 +21,7 @@ import pytest
 
 from bench.servers import ServerProcess
 from tests.app.openapi_check import SPEC_FILE
+from tests.processes import killed_at_exit
 
 PACKAGE = "segstore_sdk"
 NAME = "scope/stream/0"
@@ -83,7 +84,7 @@ def sdk_modules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path / "data") as running:
+    with killed_at_exit(ServerProcess(tmp_path / "data")) as running:
         yield running
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
+from tests.processes import killed_at_exit
 
 # Small enough that the tests cross it cheaply.
 MAX_APPEND_BYTES = 64 * 1024
@@ -18,7 +19,7 @@ MAX_APPEND_BYTES = 64 * 1024
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir = tmp_path_factory.mktemp("client-server") / "data"
     env = {"SEGSTORE_MAX_APPEND_BYTES": str(MAX_APPEND_BYTES)}
-    with ServerProcess(data_dir, env=env) as running:
+    with killed_at_exit(ServerProcess(data_dir, env=env)) as running:
         yield running
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.servers import ROOT, ServerProcess
+from tests.processes import killed_at_exit
 
 TOKEN = "cli-token-0123456789abcdef"
 pytestmark = pytest.mark.process  # a venv, pip, and the installed command
@@ -38,7 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     auth = root / "auth.toml"
     grants = 'grants = [{prefix = "", access = "admin"}]'
     auth.write_text(f'[[token]]\nname = "cli"\ntoken = "{TOKEN}"\n{grants}\n')
-    with ServerProcess(root / "data", env={"SEGSTORE_AUTH_FILE": str(auth)}) as running:
+    with killed_at_exit(ServerProcess(root / "data", env={"SEGSTORE_AUTH_FILE": str(auth)})) as running:
         yield running
 
 

@@ -24,6 +24,7 @@ from bench.console import CHROMEDRIVER, CHROMIUM, browser, fill_sample, wait_for
 from bench.local_cluster import LocalCluster
 from bench.servers import ServerProcess
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = pytest.mark.process  # Chromium and its driver are processes too
 TIMEOUT_S = 10
@@ -50,8 +51,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_cli
     """Three nodes sharing a bucket of moto's, their containers spread, filled with ``fill_sample``."""
     bucket = f"console-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=bucket)
-    with LocalCluster(tmp_path_factory.mktemp("console"), nodes=3, endpoint=moto_endpoint, bucket=bucket,
-                      settings=SETTINGS) as running:
+    cluster = LocalCluster(tmp_path_factory.mktemp("console"), nodes=3, endpoint=moto_endpoint, bucket=bucket,
+                           settings=SETTINGS)
+    with killed_at_exit(cluster) as running:
         wait_until(lambda: running.balanced("a"), "containers spread over three nodes", 60)
         yield running, fill_sample(running.nodes["a"].url)
 
@@ -317,7 +319,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         f'[[token]]\nname = "admin"\ntoken = "{ADMIN}"\ngrants = [{{prefix = "", access = "admin"}}]\n'
         f'[[token]]\nname = "team"\ntoken = "{NARROW}"\ngrants = [{{prefix = "team/", access = "read"}}]\n'
     )
-    with ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)}) as running:
+    with killed_at_exit(ServerProcess(folder / "data", env={"SEGSTORE_AUTH_FILE": str(auth)})) as running:
         admin = {"Authorization": f"Bearer {ADMIN}"}
         for name in ("team/a", "team/b", "other/secret"):
             answer = requests.put(f"{running.url}/v1/segments/{name}", headers=admin, timeout=TIMEOUT_S)

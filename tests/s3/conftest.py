@@ -12,6 +12,7 @@ import pytest
 from botocore.config import Config
 
 from bench.servers import ServerProcess
+from tests.processes import killed_at_exit
 
 ACCESS_KEY = "AKIDSEGSTORETEST"
 SECRET_KEY = "segstore-test-secret"
@@ -46,7 +47,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         "AWS_CONFIG_FILE": "/nonexistent/aws-config",
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
     }
-    with ServerProcess(root / "data", env=env) as server:
+    with killed_at_exit(ServerProcess(root / "data", env=env)) as server:
         yield server
 
 

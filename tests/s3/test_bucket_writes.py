@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from app.s3 import objects
 from bench.servers import ServerProcess
 from engine import SegmentStore, Settings
+from tests.processes import killed_at_exit
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY, make_client
 
 
@@ -112,7 +113,7 @@ def test_a_bucket_named_before_the_rules_stays_reachable(tmp_path: Path) -> None
         store.append(f"{bucket}/k", b"old bytes")
     store.close()
     env = {"SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}"}
-    with ServerProcess(data, env=env) as server:
+    with killed_at_exit(ServerProcess(data, env=env)) as server:
         s3 = make_client(server.url)
         for bucket in ("192.168.5.4", "a.-b"):
             assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"old bytes"

@@ -14,6 +14,7 @@ import requests
 from botocore.exceptions import ClientError
 
 from bench.servers import ServerProcess
+from tests.processes import killed_at_exit
 from tests.s3.conftest import ACCESS_KEY, READER_KEY, READER_SECRET, SECRET_KEY, TOKEN, make_client
 
 
@@ -318,7 +319,7 @@ def test_a_large_put_writes_each_byte_to_tier2_once_and_logs_nothing(tmp_path: P
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
     }
     data = os.urandom(20 * 1024 * 1024)
-    with ServerProcess(tmp_path / "data", env=env) as server:
+    with killed_at_exit(ServerProcess(tmp_path / "data", env=env)) as server:
         s3 = make_client(server.url)
         s3.create_bucket(Bucket="big")
         for key in ("big/1", "big/2"):

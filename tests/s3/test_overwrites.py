@@ -20,6 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from bench.servers import ServerProcess
 from tests.conftest import random_seed
+from tests.processes import killed_at_exit
 from tests.s3.conftest import ACCESS_KEY, SECRET_KEY, make_client
 
 # Appends of at most this many bytes: bodies above it are staged before they are published.
@@ -35,7 +36,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         "SEGSTORE_MAX_APPEND_BYTES": str(MAX_APPEND_BYTES),
         "SEGSTORE_FLUSH_THRESHOLD_MS": "50",
     }
-    with ServerProcess(tmp_path / "data", env=env) as process:
+    with killed_at_exit(ServerProcess(tmp_path / "data", env=env)) as process:
         yield process
 
 

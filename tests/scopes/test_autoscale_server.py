@@ -13,6 +13,7 @@ from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from client.stream_writer import StreamWriter
+from tests.processes import killed_at_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -28,7 +29,10 @@ TIMEOUT_S = 30
 
 @pytest.fixture
 def streams(tmp_path: Path) -> Iterator[StreamClient]:
-    with ServerProcess(tmp_path / "data", env=ENV) as server, SegmentClient(server.url) as client:
+    with (
+        killed_at_exit(ServerProcess(tmp_path / "data", env=ENV)) as server,
+        SegmentClient(server.url) as client,
+    ):
         stream_client = StreamClient(client)
         stream_client.create_scope("sc")
         yield stream_client

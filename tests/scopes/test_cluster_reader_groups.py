@@ -14,6 +14,7 @@ from client.reader_group import ReaderGroup
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 from tests.test_cluster_nodes import MOVE_S, SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
@@ -23,7 +24,7 @@ EVENTS = 120
 
 def test_readers_on_different_nodes_share_a_group(tmp_path: Path, moto_endpoint: str, s3_bucket: str) -> None:
     nodes = LocalCluster(tmp_path, nodes=3, endpoint=moto_endpoint, bucket=s3_bucket, settings=SETTINGS)
-    with nodes as cluster:
+    with killed_at_exit(nodes) as cluster:
         wait_for(lambda: cluster.balanced("a"), MOVE_S, "containers spread over 3 nodes")
         urls = list(cluster.urls.values())
         client = SegmentClient(urls[0], retries=4, backoff_s=0.1)

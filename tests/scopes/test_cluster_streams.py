@@ -19,6 +19,7 @@ from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from engine.naming import container_for
 from tests.conftest import random_seed
+from tests.processes import killed_at_exit
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
 from tests.test_cluster_nodes import CONTAINERS, MOVE_S
 from tests.test_cluster_nodes import SETTINGS as NODE_SETTINGS
@@ -49,7 +50,7 @@ def test_a_scale_survives_the_loss_of_the_node_serving_the_stream(
     seed = random_seed()
     rng = random.Random(seed)
     nodes = LocalCluster(tmp_path, nodes=3, endpoint=moto_endpoint, bucket=s3_bucket, settings=SETTINGS)
-    with nodes as cluster:
+    with killed_at_exit(nodes) as cluster:
         wait_for(lambda: cluster.balanced("a"), MOVE_S, "containers spread over 3 nodes")
         endpoints = ",".join(cluster.urls.values())
         client = SegmentClient(endpoints, retries=8, backoff_s=0.1)

@@ -26,6 +26,7 @@ from client.errors import SegstoreClientError, TransactionNotOpen
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from tests.conftest import random_seed
+from tests.processes import killed_at_exit
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
@@ -84,7 +85,10 @@ def test_kill_9_during_scales_and_commits(tmp_path: Path) -> None:
     seed = random_seed()
     rng = random.Random(seed)
     keys = [f"key-{i}" for i in range(20)]
-    with ServerProcess(tmp_path / "data", env=ENV) as server, SegmentClient(server.url) as client:
+    with (
+        killed_at_exit(ServerProcess(tmp_path / "data", env=ENV)) as server,
+        SegmentClient(server.url) as client,
+    ):
         streams = StreamClient(client)
         streams.create_scope("sc")
         streams.create_stream("sc", "k", segments=2)

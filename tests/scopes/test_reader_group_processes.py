@@ -26,6 +26,7 @@ from client.reader_group import ReaderGroup, StreamReader
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from tests.polling import wait_until
+from tests.processes import killed_at_exit
 
 pytestmark = [pytest.mark.process]
 
@@ -35,7 +36,7 @@ ENV = {"SEGSTORE_LOG_LEVEL": "warning", "SEGSTORE_FLUSH_THRESHOLD_MS": "20"}
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path / "data", env=ENV) as started:
+    with killed_at_exit(ServerProcess(tmp_path / "data", env=ENV)) as started:
         yield started
 
 

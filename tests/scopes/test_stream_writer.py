@@ -17,6 +17,7 @@ from client.errors import ConditionalCheckFailed
 from client.segment_client import SegmentClient
 from client.stream_client import StreamClient
 from tests.conftest import random_seed
+from tests.processes import killed_at_exit
 from tests.scopes.writers import KeyedWriters, assert_exactly_once_in_order, read_in_successor_order
 
 KEYS = [f"key-{i}" for i in range(50)]
@@ -26,7 +27,7 @@ ENV = {"SEGSTORE_LOG_LEVEL": "warning", "SEGSTORE_FLUSH_THRESHOLD_MS": "100"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path_factory.mktemp("streams") / "data", env=ENV) as running:
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("streams") / "data", env=ENV)) as running:
         yield running
 
 
@@ -119,7 +120,10 @@ def test_pipelined_conditional_batches_land_in_order_whatever_their_arrival(clie
 @pytest.mark.slow
 @pytest.mark.process
 def test_a_writer_goes_on_exactly_once_across_a_restart_and_a_scale(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", env=ENV) as server, SegmentClient(server.url) as client:
+    with (
+        killed_at_exit(ServerProcess(tmp_path / "data", env=ENV)) as server,
+        SegmentClient(server.url) as client,
+    ):
         stream = _stream(client, segments=2)
         writers = KeyedWriters(client, "sc", stream, KEYS, threads=2).start()
         time.sleep(0.5)

@@ -11,6 +11,7 @@ import pytest
 
 from bench.servers import ServerProcess
 from client.segment_client import SegmentClient
+from tests.processes import killed_at_exit
 
 # Small, so that modest test data crosses appends, GETs and partitions several times.
 MAX_APPEND_BYTES = 64 * 1024
@@ -25,7 +26,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "SEGSTORE_MAX_READ_BYTES": str(MAX_READ_BYTES),
         "SEGSTORE_LOG_LEVEL": "warning",
     }
-    with ServerProcess(data_dir, env=env) as running:
+    with killed_at_exit(ServerProcess(data_dir, env=env)) as running:
         yield running
 
 
