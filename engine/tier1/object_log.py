@@ -49,7 +49,7 @@ from engine.durable_log.data_log import Fate, LogFenced, PendingWrite, write_one
 from engine.errors import DataCorrupted
 from engine.naming import wal_start_name
 from engine.tier1.object_log_recovery import LogEntry, ObjectLogRecovery
-from engine.tier1.wal_object import HEADER_BYTES, encode_object
+from engine.tier1.wal_object import HEADER_BYTES, WalObject, encode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkStorageError
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,28 @@ class ObjectDataLog(ObjectLogRecovery):
                 return  # our own earlier attempt landed
             if got.writer > self.writer:
                 raise self._fence_error(got.writer)
+            if got.writer[0] < self.epoch and not got.body:
+                raise self._passed_claims(index, got.writer[0])
             raise self._break(f"{name} holds a write of {got.writer}, not of this writer {self.writer}")
+
+    def _passed_claims(self, index: int, epoch: int) -> OSError:
+        """Write ``index`` met an empty object of an older epoch: the write fails, the repair goes past.
+
+        Only a recovery that lost to ours leaves such objects past the end of
+        the log we recovered: one that listed the log after our fence, or
+        aimed further, claims names there and is fenced afterwards (our epoch
+        is newer). They hold no write and read as nothing after our objects;
+        the repair fills the free names up to the highest one listed now, so
+        the next write goes past every such claim made so far.
+        """
+        try:
+            highest = max(self._listed(), default=index)
+        except ChunkStorageError:
+            highest = index
+        with self._lock:
+            self._skip_to = max(self._skip_to, highest + 1)
+        return OSError(errno.EIO, f"{self._name(index)} holds an empty claim of a recovery of epoch {epoch}, "
+                       f"fenced by this writer's {self.epoch}: writing past it")
 
     def _confirm(self, index: int) -> None:
         """Before write ``index`` is acknowledged: if a newer owner claimed the log, stop writing.
@@ -180,11 +201,14 @@ class ObjectDataLog(ObjectLogRecovery):
         ghosts (they were never acknowledged); the log goes on after the
         highest name used, frames numbered from the oldest failed write's.
         """
-        start, end = self._repair_from, self._next_index
+        start, end = self._repair_from, max(self._next_index, self._skip_to)
         assert start is not None
+        found: dict[int, WalObject] = {}
         try:
             for index in range(end - 1, start - 1, -1):
-                if index not in self._landed and not self._claim(index, start, {}):
+                if index in self._landed or self._claim(index, start, found):
+                    continue
+                if found[index].writer[0] >= self.epoch or found[index].body:
                     raise self._break(f"{self._name(index)}: a write taken for failed landed after all")
         except ChunkStorageError as exc:
             raise OSError(errno.EIO, f"Tier 1 repair after a failed write failed: {exc}") from exc
@@ -192,7 +216,7 @@ class ObjectDataLog(ObjectLogRecovery):
             for index in range(start, end):
                 landed = self._landed.pop(index, None)
                 self._entries.append(LogEntry(index, self._next_seq, landed.size if landed else HEADER_BYTES))
-            self._completed_below = end
+            self._completed_below = self._next_index = end
             self._repair_from = None
 
     def append(self, payload: bytes) -> tuple[int, int]:

@@ -96,6 +96,7 @@ class ObjectLogRecovery:
         self._fenced_at = 0.0  # ...and when (time.monotonic)
         self._garbage: list[tuple[str, int, float]] = []  # (name, size, not before) below the start
         self._repair_from: int | None = None  # the oldest write that failed, until repaired
+        self._skip_to = 0  # a repair fills the names up to here (past a lost recovery's claims)
         self._confirmed_at = 0.0
         self._lock = threading.Lock()
         self._confirm_lock = threading.Lock()
@@ -302,12 +303,22 @@ class ObjectLogRecovery:
                 raise DataCorrupted(f"container {self.container_id}: Tier 1 object {missing} is missing")
 
     def _read_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
-        """Every write from the log's start up to the end of our fence, in order."""
+        """Every write from the log's start up to the end of our fence, in order.
+
+        Past our fence only recoveries that lost to ours (fenced by our newer
+        epoch) may have claimed names, with empty objects, not necessarily one
+        after another: the log ends at the first gap past the fence (a write
+        meeting such a claim later goes past it: ``_passed_claims``).
+        """
         while True:
             markers = self._markers()
             start = (markers or [0])[-1]
             listed = self._listed()
             names = sorted(index for index in listed if index >= start)
+            gaps = [i for i in range(max(start, self._fence_top + 1), names[-1] + 1) if i not in listed] if names else []
+            if gaps:
+                self._skip_to = names[-1] + 1
+                names = [index for index in names if index < gaps[0]]
             self._fetch(names, listed, cache)
             batches: list[frames.Batch] = []
             entries: list[tuple[int, int | None, int]] = []

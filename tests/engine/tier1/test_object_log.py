@@ -19,7 +19,7 @@ from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_p
 from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier1.object_log_recovery import REACH
-from engine.tier1.wal_object import decode_object
+from engine.tier1.wal_object import decode_object, encode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
@@ -478,3 +478,74 @@ def test_a_busy_old_writer_is_fenced_by_aiming_further_ahead(burst: int) -> None
         old.append(b"after the fence")
     new.append(b"new")
     assert opened(storage)[1] == [b"before", *storage.written, b"new"]
+
+
+class PausedAfterEpoch(MemoryChunkStorage):
+    """Runs ``meanwhile`` right after the next claim of an epoch (that recovery pauses there)."""
+
+    meanwhile: Callable[[], None] | None = None
+
+    def create(self, name: str, data: bytes) -> None:
+        super().create(name, data)
+        if name.startswith(epoch_prefix(C)) and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+
+
+def test_a_losing_recovery_that_fences_after_the_winner_recovered_is_fenced_and_the_winner_writes_on() -> None:
+    """Recovery A claims its epoch, then pauses while B claims a newer one and recovers entirely;
+    A then lists B's objects and claims names past them, where B's first writes go. A is fenced
+    (B's epoch is newer); B must not find its log unusable: A's empty objects there are no writes
+    and read as nothing, so B writes past them."""
+    storage = PausedAfterEpoch()
+    first, _ = opened(storage)
+    first.append(b"base")
+    winner: list[ObjectDataLog] = []
+    storage.meanwhile = lambda: winner.append(opened(storage)[0])
+    loser = ObjectDataLog(storage, C, max_frame_bytes=4096, max_writes_in_flight=4)
+    with pytest.raises(LogFenced):
+        list(loser.recover())
+    (log,) = winner
+    assert log.epoch > loser.epoch
+    taken_by_loser = [i for i in wal(storage) if i >= log._next_index]
+    assert taken_by_loser, "the losing recovery claimed names where the winner writes next"
+    failures = sum(append_through_failures(log, payload) for payload in (b"one", b"two", b"three"))
+    assert failures == 1  # the write that met A's claims; its repair goes past all of them
+    assert opened(storage)[1] == [b"base", b"one", b"two", b"three"]
+
+
+def append_through_failures(log: ObjectDataLog, payload: bytes) -> int:
+    """Append as the durable log does (a failed write, not a fence, abandoned and sent again): failures."""
+    for failures in range(4 * REACH):
+        try:
+            log.append(payload)
+            return failures
+        except LogFenced:
+            raise
+        except OSError:
+            continue
+    raise AssertionError("the write never landed")
+
+
+def test_claims_of_a_losing_recovery_past_the_fence_with_gaps_between_end_the_log_at_the_first_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recovery that lost (older epoch) claims its farthest name first: the winner may list it with
+    free names below it, past its own fence. That is no missing write: the log ends at the gap."""
+    storage = MemoryChunkStorage()
+    first, _ = opened(storage)
+    first.append(b"base")
+    read_log = ObjectDataLog._read_log
+
+    def claimed_meanwhile(self: ObjectDataLog, cache: dict[int, object]) -> list[object]:
+        far = self._fence_top + 2 * REACH
+        storage.create(wal_object_name(C, far), encode_object((self.epoch - 1, 0), 0, b""))
+        return read_log(self, cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ObjectDataLog, "_read_log", claimed_meanwhile)
+    log, payloads = opened(storage)
+    monkeypatch.undo()
+    assert payloads == [b"base"]
+    failures = sum(append_through_failures(log, payload) for payload in (b"one", b"two"))
+    assert failures <= 1
+    assert opened(storage)[1] == [b"base", b"one", b"two"]
