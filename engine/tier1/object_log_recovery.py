@@ -315,7 +315,8 @@ class ObjectLogRecovery:
             start = (markers or [0])[-1]
             listed = self._listed()
             names = sorted(index for index in listed if index >= start)
-            gaps = [i for i in range(max(start, self._fence_top + 1), names[-1] + 1) if i not in listed] if names else []
+            past = range(max(start, self._fence_top + 1), names[-1] + 1 if names else 0)
+            gaps = [index for index in past if index not in listed]
             if gaps:
                 self._skip_to = names[-1] + 1
                 names = [index for index in names if index < gaps[0]]

@@ -492,7 +492,7 @@ class PausedAfterEpoch(MemoryChunkStorage):
             meanwhile()
 
 
-def test_a_losing_recovery_that_fences_after_the_winner_recovered_is_fenced_and_the_winner_writes_on() -> None:
+def test_a_recovery_fencing_after_the_winner_recovered_is_fenced_and_the_winner_writes_past_it() -> None:
     """Recovery A claims its epoch, then pauses while B claims a newer one and recovers entirely;
     A then lists B's objects and claims names past them, where B's first writes go. A is fenced
     (B's epoch is newer); B must not find its log unusable: A's empty objects there are no writes
