@@ -47,7 +47,7 @@ import time
 from engine.durable_log import frames
 from engine.durable_log.data_log import Fate, LogFenced, PendingWrite, write_one
 from engine.errors import DataCorrupted
-from engine.naming import wal_start_name
+from engine.naming import wal_closed_name, wal_start_name
 from engine.tier1.object_log_recovery import LogEntry, ObjectLogRecovery
 from engine.tier1.wal_object import HEADER_BYTES, WalObject, encode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkStorageError
@@ -62,6 +62,8 @@ class ObjectDataLog(ObjectLogRecovery):
 
     # ------------------------------------------------------------------ writes
     def _check_usable(self) -> None:
+        if self._closed:
+            raise OSError(errno.ESHUTDOWN, f"container {self.container_id}: the Tier 1 log is closed")
         if self._fenced:
             raise LogFenced(errno.EPERM, self._fenced)
         if self._broken:
@@ -73,6 +75,7 @@ class ObjectDataLog(ObjectLogRecovery):
         if self._repair_from is not None:
             self._repair()
         with self._lock:
+            self._check_usable()  # close() may have begun meanwhile: a clean close has no write after it
             index, base = self._next_index, self._completed_below
             self._next_index += 1
         first = self._next_seq
@@ -275,4 +278,24 @@ class ObjectDataLog(ObjectLogRecovery):
         return freed
 
     def close(self) -> None:
-        return None
+        """No write begins from now on; if every write begun is in the bucket, record a clean close.
+
+        The record (``c{n}/closed/<epoch>/<next write>``) lets the next owner
+        skip the fence (``_after_clean_close``): this writer has nothing in
+        flight and will never write again, so there is nobody to fence. A log
+        fenced, broken, waiting for a repair or with a write still out is not
+        clean: the next owner fences as after a crash.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            end = self._next_index
+            settled = self._repair_from is None and not self._landed and self._completed_below == end
+            clean = self._recovered and self._fenced is None and self._broken is None and settled
+        if not clean:
+            return
+        try:
+            self.storage.create(wal_closed_name(self.container_id, self.epoch, end), b"")
+        except (ChunkExists, ChunkStorageError) as exc:
+            log.warning("container %d: Tier 1 clean close not recorded: %s", self.container_id, exc)

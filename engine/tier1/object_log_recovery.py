@@ -26,8 +26,10 @@ from engine.naming import (
     epoch_name,
     epoch_prefix,
     parse_epoch_name,
+    parse_wal_closed_name,
     parse_wal_object_name,
     parse_wal_start_name,
+    wal_closed_prefix,
     wal_object_name,
     wal_prefix,
     wal_start_name,
@@ -97,6 +99,9 @@ class ObjectLogRecovery:
         self._garbage: list[tuple[str, int, float]] = []  # (name, size, not before) below the start
         self._repair_from: int | None = None  # the oldest write that failed, until repaired
         self._skip_to = 0  # a repair fills the names up to here (past a lost recovery's claims)
+        self._older_claims: list[str] = []  # the epochs claimed before ours, deleted once recovered
+        self._recovered = False  # recover() ended: the log is ours to write
+        self._closed = False  # close() began: no write begins any more
         self._confirmed_at = 0.0
         self._lock = threading.Lock()
         self._confirm_lock = threading.Lock()
@@ -195,10 +200,25 @@ class ObjectLogRecovery:
 
         The fence reads nothing but the objects above a hole, so it wins
         against an old writer that is still busy; reading follows, once no
-        older writer can add to the log.
+        older writer can add to the log. When the writer of the epoch just
+        before ours closed the log cleanly, there is nothing to fence
+        (``_after_clean_close``).
         """
         self.epoch, self.generation = self._new_epoch(), 0
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
+        obsolete = self._obsolete_records()
+        batches = self._after_clean_close(obsolete, cache)
+        if batches is None:
+            batches = self._fenced_log(cache)
+        newer = self._newer_owner(force=True)
+        if newer is not None:
+            raise self._fence_error(newer)
+        self._garbage += [(name, 0, 0.0) for name in obsolete]
+        self._recovered = True
+        yield from batches
+
+    def _fenced_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
+        """Fence every older writer, then read the log."""
         ahead = REACH + 1
         for _ in range(_RECOVERY_ATTEMPTS):
             covered = self._fence(cache, ahead)
@@ -207,12 +227,8 @@ class ObjectLogRecovery:
                 continue
             self._fence_top, self._fenced_at = covered, time.monotonic()
             batches = self._read_log(cache)
-            newer = self._newer_owner(force=True)
-            if newer is not None:
-                raise self._fence_error(newer)
             log.info("container %d: Tier 1 fenced up to %d, epoch %d", self.container_id, covered, self.epoch)
-            yield from batches
-            return
+            return batches
         raise DataCorrupted(
             f"container {self.container_id}: could not fence the Tier 1 log in {_RECOVERY_ATTEMPTS} "
             "attempts: another server keeps writing it"
@@ -234,9 +250,50 @@ class ObjectLogRecovery:
             except ChunkExists:
                 continue
             self._confirmed_at = asked
-            for old in taken:  # the newest claim is all a later writer needs
-                self.storage.delete(epoch_name(self.container_id, old))
+            self._older_claims = [epoch_name(self.container_id, old) for old in taken]
             return epoch
+
+    def _obsolete_records(self) -> list[str]:
+        """The older epochs' claims and every clean-close record: a writer of a newer epoch needs none.
+
+        The newest claim is all that tells later writers where epochs stand;
+        a clean close counts only for the epoch right after its writer's, which
+        is ours now. They are deleted after the recovery, with the log's garbage.
+        """
+        closes = [info.name for info in self.storage.list(wal_closed_prefix(self.container_id))]
+        return self._older_claims + closes
+
+    def _after_clean_close(
+        self, records: list[str], cache: dict[int, WalObject]
+    ) -> list[frames.Batch] | None:
+        """The log, read without a fence if the writer of the epoch before ours closed it cleanly; else None.
+
+        That writer recorded (``ObjectDataLog.close``) that it will never
+        write again and that every write it began, all below ``end``, is in
+        the bucket. Our epoch is the next one, so no writer began between;
+        every older writer was fenced by a recovery before that writer's
+        (it could only write after one), so none can create a name past the
+        names the log held then, all taken since. So no writer but us can add
+        to the log: only recoveries that lost to ours, whose empty claims
+        past ``end`` read as nothing (``_read_log``). A writer paused after
+        its stop and before its record is written is no matter: the record
+        comes late or never, and a later recovery looks only for the record
+        of the epoch just before its own.
+        """
+        closes = [parse_wal_closed_name(self.container_id, name) for name in records]
+        ends = [close[1] for close in closes if close is not None and close[0] == self.epoch - 1]
+        if not ends:
+            return None
+        end = ends[0]
+        self._fence_top, self._fenced_at = end - 1, time.monotonic()
+        batches = self._read_log(cache)
+        if self._next_index < end:
+            raise DataCorrupted(
+                f"container {self.container_id}: the Tier 1 log ends before write {end}, "
+                f"which its writer of epoch {self.epoch - 1} closed it at"
+            )
+        log.info("container %d: Tier 1 closed cleanly at %d, epoch %d", self.container_id, end, self.epoch)
+        return batches
 
     def _fence(self, cache: dict[int, WalObject], ahead: int) -> int | None:
         """Take every name an older writer could still create; the highest name covered, or None to retry.

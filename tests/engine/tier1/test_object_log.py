@@ -15,7 +15,14 @@ import pytest
 
 from engine import DataCorrupted
 from engine.durable_log.data_log import LogFenced, PendingWrite
-from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_prefix
+from engine.naming import (
+    epoch_prefix,
+    wal_closed_name,
+    wal_closed_prefix,
+    wal_object_name,
+    wal_prefix,
+    wal_start_prefix,
+)
 from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier1.object_log_recovery import REACH
@@ -434,10 +441,13 @@ def test_names_the_fence_covered_stay_until_keep_fence_s_after_it(monkeypatch: p
     assert opened(storage)[1] == [bytes([3]) * 10]
 
 
-def test_epochs_grow_and_only_the_newest_claim_stays() -> None:
+def test_epochs_grow_and_only_the_newest_claim_stays_once_the_log_truncates() -> None:
     storage = MemoryChunkStorage()
-    epochs = [opened(storage)[0].epoch for _ in range(3)]
+    logs = [opened(storage)[0] for _ in range(3)]
+    epochs = [log.epoch for log in logs]
     assert epochs == sorted(set(epochs))
+    logs[-1].append(b"one")
+    logs[-1].truncate(logs[-1].append(b"two")[0])  # the older claims go with the log's garbage
     claims = [n for n in storage.chunks if n.startswith(epoch_prefix(C))]
     assert claims == [f"{epoch_prefix(C)}{epochs[-1]:020d}"]
 
@@ -549,3 +559,80 @@ def test_claims_of_a_losing_recovery_past_the_fence_with_gaps_between_end_the_lo
     failures = sum(append_through_failures(log, payload) for payload in (b"one", b"two"))
     assert failures <= 1
     assert opened(storage)[1] == [b"base", b"one", b"two"]
+
+
+def closes(storage: MemoryChunkStorage) -> list[str]:
+    return sorted(n for n in storage.chunks if n.startswith(wal_closed_prefix(C)))
+
+
+def test_a_log_closed_cleanly_is_taken_over_without_a_fence_and_its_writer_never_writes_again() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    old.append(b"two")
+    old.close()
+    assert closes(storage) == [wal_closed_name(C, old.epoch, old._next_index)]
+    names = wal(storage)
+    new, payloads = opened(storage)
+    assert payloads == [b"one", b"two"]
+    assert wal(storage) == names  # no fence: not one name claimed
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(OSError, match="closed"):
+        old.append(b"zombie")
+    new.append(b"three")
+    assert wal(storage) == [*names, names[-1] + 1]
+    _, payloads = opened(storage)  # the new owner did not close: fenced as after a crash
+    assert payloads == [b"one", b"two", b"three"]
+    assert len(wal(storage)) > len(names) + 1
+    with pytest.raises(LogFenced):
+        new.append(b"zombie")
+
+
+def test_a_clean_close_counts_only_for_the_epoch_right_after_its_writer_s() -> None:
+    """A writer whose clean close is recorded late (paused between its stop and its record) while a
+    newer owner already writes: the next recovery must fence that newer owner."""
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    new, _ = opened(storage)
+    new.append(b"two")
+    old.close()  # old was fenced without knowing it: it records a clean close of its epoch
+    assert closes(storage)
+    third, payloads = opened(storage)
+    assert payloads == [b"one", b"two"]
+    with pytest.raises(LogFenced):
+        new.append(b"zombie")
+    third.append(b"three")
+    assert opened(storage)[1] == [b"one", b"two", b"three"]
+
+
+def test_a_claimed_epoch_between_the_clean_close_and_the_next_recovery_means_a_fence() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    old.close()
+    ObjectDataLog(storage, C)._new_epoch()  # a recovery that claimed its epoch and is slow to fence
+    names = wal(storage)
+    assert opened(storage)[1] == [b"one"]
+    assert len(wal(storage)) > len(names)
+
+
+@pytest.mark.parametrize("state", ["write out", "failed write", "fenced"])
+def test_a_log_not_settled_records_no_clean_close(state: str) -> None:
+    storage = MemoryChunkStorage()
+    log, _ = opened(storage)
+    log.append(b"one")
+    if state == "write out":
+        pending = log.begin(b"two")
+    elif state == "failed write":
+        log._repair_from = log._next_index  # as after a failed write not repaired yet
+    else:
+        opened(storage)
+        with pytest.raises(LogFenced):
+            log.append(b"two")
+    log.close()
+    assert closes(storage) == []
+    if state == "write out":
+        with pytest.raises(OSError, match="closed"):
+            log.write(pending)
+    assert opened(storage)[1] == [b"one"]
