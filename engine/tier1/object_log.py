@@ -35,7 +35,10 @@ order and the caller acknowledges them in order. Invariants:
   missing object, or one failing its CRC, is corruption, never skipped;
 - along the log writers never get older, except for ghosts: a write of an
   older writer after a newer one's object was never acknowledged (the newer
-  object took a name the older writer needed first) and is read as empty.
+  object took a name the older writer needed first) and is read as empty;
+- a writer that closes with every write it began in the bucket records a
+  clean close; the recovery of the next epoch then has nobody to fence
+  (``_after_clean_close``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from engine.config import TIER1_WRITES_IN_FLIGHT_MAX
 from engine.durable_log import frames
@@ -59,6 +60,42 @@ _RECOVERY_ATTEMPTS = 50
 _FENCE_AHEAD_MAX = 1024
 # Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
 _READERS = 16
+
+T = TypeVar("T")
+
+def _at_once(call: Callable[[int], T], items: list[int]) -> dict[int, T]:
+    """``call`` of every item on up to ``_READERS`` threads; the first error is raised, the rest not begun."""
+    results: dict[int, T] = {}
+    pending = iter(items)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                item = None if errors else next(pending, None)
+            if item is None:
+                return
+            try:
+                result = call(item)
+            except BaseException as exc:  # handed to the caller below
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                results[item] = result
+
+    if len(items) <= 1:
+        return {item: call(item) for item in items}
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(min(_READERS, len(items)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return results
+
 
 @dataclass(slots=True)
 class LogEntry:
@@ -147,33 +184,9 @@ class ObjectLogRecovery:
     def _fetch(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
         """Read the objects of ``indexes`` missing from ``cache`` into it, several at once."""
         todo = [index for index in indexes if index not in cache]
-        pending = iter(todo)
-        lock = threading.Lock()
-        errors: list[BaseException] = []
-
-        def read() -> None:
-            while True:
-                with lock:
-                    index = None if errors else next(pending, None)
-                if index is None:
-                    return
-                try:
-                    got = self._get(index, sizes.get(index))
-                except BaseException as exc:  # handed to the caller below
-                    with lock:
-                        errors.append(exc)
-                    return
-                if got is not None:
-                    with lock:
-                        cache[index] = got
-
-        readers = [threading.Thread(target=read, daemon=True) for _ in range(min(_READERS, len(todo)))]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join()
-        if errors:
-            raise errors[0]
+        for index, got in _at_once(lambda index: self._get(index, sizes.get(index)), todo).items():
+            if got is not None:
+                cache[index] = got
 
     def _batches(self, index: int, body: bytes, first_seq: int | None) -> list[frames.Batch]:
         try:
@@ -317,17 +330,19 @@ class ObjectLogRecovery:
         fence = top + ahead
         if not self._claim(fence, base, cache):
             return None  # the old writer got there first: look again, and aim further
-        held = [fence] + [index for index in range(fence - 1, top, -1) if self._claim(index, base, cache)]
-        lowest = min(held)
-        for index in range(fence + 1, lowest + REACH):
-            self._claim(index, base, cache)
+        claimed = self._claim_all(range(top + 1, fence), base, cache)
+        lowest = min([fence] + [index for index, ours in claimed.items() if ours])
+        self._claim_all(range(fence + 1, lowest + REACH), base, cache)
         if holes:
             self._check_holes(holes, names, cache)
-            for index in reversed(holes):
-                self._claim(index, base, cache)
+            self._claim_all(holes, base, cache)
         if self._start() > lowest:
             return None  # a truncation had freed the names we took: they lie below the log's start
         return max(fence, lowest + REACH - 1)
+
+    def _claim_all(self, indexes: Iterable[int], base: int, cache: dict[int, WalObject]) -> dict[int, bool]:
+        """``_claim`` of every name of ``indexes`` at once: which of them we hold."""
+        return _at_once(lambda index: self._claim(index, base, cache), list(indexes))
 
     def _claim(self, index: int, base: int, cache: dict[int, WalObject]) -> bool:
         """Take name ``index`` with an empty object of ours; False if another writer's write has it.
