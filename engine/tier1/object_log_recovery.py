@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -217,9 +218,11 @@ class ObjectLogRecovery:
         before ours closed the log cleanly, there is nothing to fence
         (``_after_clean_close``).
         """
-        self.epoch, self.generation = self._new_epoch(), 0
+        with ThreadPoolExecutor(1) as lister:  # the clean-close records are listed while the epoch is claimed
+            closes = lister.submit(self._close_records)
+            self.epoch, self.generation = self._new_epoch(), 0
+            obsolete = self._older_claims + closes.result()
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
-        obsolete = self._obsolete_records()
         batches = self._after_clean_close(obsolete, cache)
         if batches is None:
             batches = self._fenced_log(cache)
@@ -266,15 +269,15 @@ class ObjectLogRecovery:
             self._older_claims = [epoch_name(self.container_id, old) for old in taken]
             return epoch
 
-    def _obsolete_records(self) -> list[str]:
-        """The older epochs' claims and every clean-close record: a writer of a newer epoch needs none.
+    def _close_records(self) -> list[str]:
+        """Every clean-close record (``ObjectDataLog.close``).
 
-        The newest claim is all that tells later writers where epochs stand;
-        a clean close counts only for the epoch right after its writer's, which
-        is ours now. They are deleted after the recovery, with the log's garbage.
+        Only the one of the epoch right before ours counts, and a recovery
+        needs none of them once it holds its epoch: they are deleted with the
+        log's garbage, and so are the older epochs' claims (the newest claim
+        is all that tells later writers where epochs stand).
         """
-        closes = [info.name for info in self.storage.list(wal_closed_prefix(self.container_id))]
-        return self._older_claims + closes
+        return [info.name for info in self.storage.list(wal_closed_prefix(self.container_id))]
 
     def _after_clean_close(
         self, records: list[str], cache: dict[int, WalObject]
@@ -347,24 +350,24 @@ class ObjectLogRecovery:
     def _claim(self, index: int, base: int, cache: dict[int, WalObject]) -> bool:
         """Take name ``index`` with an empty object of ours; False if another writer's write has it.
 
-        A newer writer there: LogFenced.
+        A newer writer there: LogFenced. The object found or made goes into
+        ``cache`` (reading the log then need not read our own claims back).
         """
         data = encode_object(self.writer, base, b"")
         while True:
             try:
                 self.storage.create(self._name(index), data)
+                cache[index] = WalObject(self.writer, base, b"")
                 return True
             except ChunkExists:
                 pass
             got = self._get(index)
             if got is None:
                 continue
-            if got.writer == self.writer:
-                return True  # our own earlier claim
             if got.writer > self.writer:
                 raise self._fence_error(got.writer)
             cache[index] = got
-            return False
+            return got.writer == self.writer  # our own earlier claim, or another writer's write
 
     def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> None:
         """A hole must be a write that never landed: no later write was begun after it was in the bucket."""
@@ -383,9 +386,11 @@ class ObjectLogRecovery:
         meeting such a claim later goes past it: ``_passed_claims``).
         """
         while True:
-            markers = self._markers()
+            with ThreadPoolExecutor(1) as lister:  # both at once: every name up to our fence's end exists
+                listing = lister.submit(self._listed)
+                markers = self._markers()
+                listed = listing.result()
             start = (markers or [0])[-1]
-            listed = self._listed()
             names = sorted(index for index in listed if index >= start)
             past = range(max(start, self._fence_top + 1), names[-1] + 1 if names else 0)
             gaps = [index for index in past if index not in listed]
