@@ -64,6 +64,7 @@ _READERS = 16
 
 T = TypeVar("T")
 
+
 def _at_once(call: Callable[[int], T], items: list[int]) -> dict[int, T]:
     """``call`` of every item on up to ``_READERS`` threads; the first error is raised, the rest not begun."""
     results: dict[int, T] = {}
