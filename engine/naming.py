@@ -257,6 +257,26 @@ def parse_epoch_name(container_id: int, name: str) -> int | None:
     return _numbered(epoch_prefix(container_id), name)
 
 
+def wal_closed_prefix(container_id: int) -> str:
+    """Where a writer of an object-store Tier 1 log records that it closed its log cleanly."""
+    return f"c{container_id}/closed/"
+
+
+def wal_closed_name(container_id: int, epoch: int, next_write: int) -> str:
+    """The record that the writer of ``epoch`` closed its log with every write below ``next_write`` done."""
+    return f"{wal_closed_prefix(container_id)}{epoch:020d}/{next_write:020d}"
+
+
+def parse_wal_closed_name(container_id: int, name: str) -> tuple[int, int] | None:
+    """(epoch, next write) of a clean-close record of the container, or None."""
+    epoch, _, next_write = name.removeprefix(wal_closed_prefix(container_id)).partition("/")
+    prefix = wal_closed_prefix(container_id)
+    parsed = _numbered(prefix, prefix + epoch), _numbered(prefix, prefix + next_write)
+    if not name.startswith(prefix) or parsed[0] is None or parsed[1] is None:
+        return None
+    return parsed[0], parsed[1]
+
+
 CLUSTER_RECORD = "cluster.json"
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 

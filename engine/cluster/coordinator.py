@@ -134,6 +134,7 @@ class Coordinator:
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
+        self._others: set[str] = set()  # the other nodes' records last observed
         self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
         self._lock = threading.RLock()  # one round (or leave) at a time
         self._wake = threading.Event()  # set: run a round now
@@ -165,6 +166,17 @@ class Coordinator:
 
     def view(self) -> ClusterView:
         return self._view
+
+    def learned(self, container: int, node: str) -> None:
+        """``node`` says it serves ``container`` now (it just recovered it): route there before a round.
+
+        Only where requests go: a node wrongly named answers a forwarded
+        request 503 (it never forwards it again), and the round that ``node``
+        asks for sets the view from the leases anyway.
+        """
+        view = self._view
+        if node != self.node_id and node in view.nodes and not self.holds(container):
+            self._view = ClusterView(view.nodes, view.owners | {container: node})
 
     def unreachable(self, node: str) -> None:
         """Note that ``node`` could not be reached just now (a request to it was refused)."""
@@ -321,14 +333,25 @@ class Coordinator:
             stop.wait(max(0.01, due - self.clock()))
 
     def _next_expiry(self) -> float:
-        """When the next lease this node saw held by another node runs out, as it observes them."""
-        soonest = math.inf
-        for container, (record, _version) in list(self._leases.items()):
-            if record.owner is None or record.owner == self.node_id:
-                continue
-            age = self._observer.age(lease_register_name(container), self.clock())
+        """When the next record of another node runs out as this node observes them: a lease it holds,
+        or its heartbeat.
+
+        A dead node's leases and heartbeat run out at about the same moment,
+        but the balancer gives its containers to the others only once the node
+        is not live any more: whichever runs out last wakes the round that
+        claims them, not the next round a sixth of a lease later.
+        """
+        names = [
+            lease_register_name(container)
+            for container, (record, _version) in list(self._leases.items())
+            if record.owner is not None and record.owner != self.node_id
+        ]
+        names += [node_register_name(node) for node in self._others]
+        soonest, now = math.inf, self.clock()
+        for name in names:
+            age = self._observer.age(name, now)
             if age is not None and age < self.lease_s:
-                soonest = min(soonest, self.clock() - age + self.lease_s + 0.01)
+                soonest = min(soonest, now - age + self.lease_s + 0.01)
         return soonest
 
     def _hand_back_failed(self) -> None:
@@ -399,6 +422,7 @@ class Coordinator:
 
     def _balance(self, seen: _Observed) -> None:
         self._leases = seen.leases
+        self._others = set(seen.nodes) - {self.node_id}
         now = self.clock()
         live = {
             node
@@ -474,7 +498,9 @@ class Coordinator:
             held = self.leases.take_back(container)
             if held is None:
                 return
+            stopping = self.clock()
             self.host.stop_container(container)
+            stopped_s = self.clock() - stopping
             name = lease_register_name(container)
             try:
                 self.registers.replace(name, held.record.released().encode(), held.version)
@@ -482,5 +508,5 @@ class Coordinator:
                 log.warning("node %s could not release container %d (it expires instead): %s",
                             self.node_id, container, exc)
                 return
-        log.info("node %s handed container %d over", self.node_id, container)
+        log.info("node %s handed container %d over (stopped in %.2f s)", self.node_id, container, stopped_s)
         self._released(container)

@@ -83,6 +83,10 @@ class ClusterNode:
         """Run a round now: another node released a container."""
         self.coordinator.nudge()
 
+    def learned(self, container: int, node: str) -> None:
+        """``node`` just recovered ``container``: forward its requests there at once."""
+        self.coordinator.learned(container, node)
+
     def unreachable(self, node: str) -> None:
         """Note that a request to ``node`` was refused (``describe`` then says its lease is waited out)."""
         self.coordinator.unreachable(node)

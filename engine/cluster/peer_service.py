@@ -146,8 +146,11 @@ def _writer_event_number(store: LocalStore, doc: dict[str, Any]) -> dict[str, An
 
 
 def _round(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
-    """Another node released a container: run a round now, so its next owner claims it at once."""
+    """Another node released a container (run a round now, so its next owner claims it at once) or
+    recovered one (``serves``: forward its requests there from now on, and run a round)."""
     if store.node is not None:
+        if "serves" in doc:
+            store.node.learned(int(doc["serves"]), str(doc["node"]))
         store.node.nudge()
     return {}
 

@@ -49,16 +49,19 @@ class ClusterWide:
         self.node = node
         self.client = client
 
-    def nudge(self) -> None:
-        """Ask every other live node to run a round now (this node released a container)."""
+    def nudge(self, serves: int | None = None) -> None:
+        """Ask every other live node to run a round now: this node released a container, or recovered
+        the container ``serves`` (they forward its requests here at once)."""
         view = self.node.view()
+        body: dict[str, object] = {} if serves is None else {"serves": serves, "node": self.node.node_id}
         for node, url in view.nodes.items():
             if node != self.node.node_id:
-                threading.Thread(target=self._nudge, args=(node, url), name="nudge", daemon=True).start()
+                call = threading.Thread(target=self._nudge, args=(node, url, body), name="nudge", daemon=True)
+                call.start()
 
-    def _nudge(self, node: str, url: str) -> None:
+    def _nudge(self, node: str, url: str, body: dict[str, object]) -> None:
         try:
-            self.client.call(node, url, "round", {})
+            self.client.call(node, url, "round", body)
         except SegstoreError as exc:
             log.info("node %s was not told to run a round: %s", node, exc.detail)
 

@@ -163,7 +163,7 @@ class ContainerHosting:
         if container.ready:
             self._cluster_metrics.takeover_seconds.observe(time.monotonic() - claimed_at)
             if self._wide is not None:
-                self._wide.nudge()
+                self._wide.nudge(serves=container.container_id)
             self._folder.write_record()
 
     def _hosted_failed(self, container_id: int) -> bool:

@@ -35,7 +35,10 @@ order and the caller acknowledges them in order. Invariants:
   missing object, or one failing its CRC, is corruption, never skipped;
 - along the log writers never get older, except for ghosts: a write of an
   older writer after a newer one's object was never acknowledged (the newer
-  object took a name the older writer needed first) and is read as empty.
+  object took a name the older writer needed first) and is read as empty;
+- a writer that closes with every write it began in the bucket records a
+  clean close; the recovery of the next epoch then has nobody to fence
+  (``_after_clean_close``).
 """
 
 from __future__ import annotations
@@ -47,9 +50,9 @@ import time
 from engine.durable_log import frames
 from engine.durable_log.data_log import Fate, LogFenced, PendingWrite, write_one
 from engine.errors import DataCorrupted
-from engine.naming import wal_start_name
+from engine.naming import wal_closed_name, wal_start_name
 from engine.tier1.object_log_recovery import LogEntry, ObjectLogRecovery
-from engine.tier1.wal_object import HEADER_BYTES, encode_object
+from engine.tier1.wal_object import HEADER_BYTES, WalObject, encode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkStorageError
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,8 @@ class ObjectDataLog(ObjectLogRecovery):
 
     # ------------------------------------------------------------------ writes
     def _check_usable(self) -> None:
+        if self._closed:
+            raise OSError(errno.ESHUTDOWN, f"container {self.container_id}: the Tier 1 log is closed")
         if self._fenced:
             raise LogFenced(errno.EPERM, self._fenced)
         if self._broken:
@@ -73,6 +78,7 @@ class ObjectDataLog(ObjectLogRecovery):
         if self._repair_from is not None:
             self._repair()
         with self._lock:
+            self._check_usable()  # close() may have begun meanwhile: a clean close has no write after it
             index, base = self._next_index, self._completed_below
             self._next_index += 1
         first = self._next_seq
@@ -136,7 +142,28 @@ class ObjectDataLog(ObjectLogRecovery):
                 return  # our own earlier attempt landed
             if got.writer > self.writer:
                 raise self._fence_error(got.writer)
+            if got.writer[0] < self.epoch and not got.body:
+                raise self._passed_claims(index, got.writer[0])
             raise self._break(f"{name} holds a write of {got.writer}, not of this writer {self.writer}")
+
+    def _passed_claims(self, index: int, epoch: int) -> OSError:
+        """Write ``index`` met an empty object of an older epoch: the write fails, the repair goes past.
+
+        Only a recovery that lost to ours leaves such objects past the end of
+        the log we recovered: one that listed the log after our fence, or
+        aimed further, claims names there and is fenced afterwards (our epoch
+        is newer). They hold no write and read as nothing after our objects;
+        the repair fills the free names up to the highest one listed now, so
+        the next write goes past every such claim made so far.
+        """
+        try:
+            highest = max(self._listed(), default=index)
+        except ChunkStorageError:
+            highest = index
+        with self._lock:
+            self._skip_to = max(self._skip_to, highest + 1)
+        return OSError(errno.EIO, f"{self._name(index)} holds an empty claim of a recovery of epoch {epoch}, "
+                       f"fenced by this writer's {self.epoch}: writing past it")
 
     def _confirm(self, index: int) -> None:
         """Before write ``index`` is acknowledged: if a newer owner claimed the log, stop writing.
@@ -180,11 +207,14 @@ class ObjectDataLog(ObjectLogRecovery):
         ghosts (they were never acknowledged); the log goes on after the
         highest name used, frames numbered from the oldest failed write's.
         """
-        start, end = self._repair_from, self._next_index
+        start, end = self._repair_from, max(self._next_index, self._skip_to)
         assert start is not None
+        found: dict[int, WalObject] = {}
         try:
             for index in range(end - 1, start - 1, -1):
-                if index not in self._landed and not self._claim(index, start, {}):
+                if index in self._landed or self._claim(index, start, found):
+                    continue
+                if found[index].writer[0] >= self.epoch or found[index].body:
                     raise self._break(f"{self._name(index)}: a write taken for failed landed after all")
         except ChunkStorageError as exc:
             raise OSError(errno.EIO, f"Tier 1 repair after a failed write failed: {exc}") from exc
@@ -192,7 +222,7 @@ class ObjectDataLog(ObjectLogRecovery):
             for index in range(start, end):
                 landed = self._landed.pop(index, None)
                 self._entries.append(LogEntry(index, self._next_seq, landed.size if landed else HEADER_BYTES))
-            self._completed_below = end
+            self._completed_below = self._next_index = end
             self._repair_from = None
 
     def append(self, payload: bytes) -> tuple[int, int]:
@@ -251,4 +281,24 @@ class ObjectDataLog(ObjectLogRecovery):
         return freed
 
     def close(self) -> None:
-        return None
+        """No write begins from now on; if every write begun is in the bucket, record a clean close.
+
+        The record (``c{n}/closed/<epoch>/<next write>``) lets the next owner
+        skip the fence (``_after_clean_close``): this writer has nothing in
+        flight and will never write again, so there is nobody to fence. A log
+        fenced, broken, waiting for a repair or with a write still out is not
+        clean: the next owner fences as after a crash.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            end = self._next_index
+            settled = self._repair_from is None and not self._landed and self._completed_below == end
+            clean = self._recovered and self._fenced is None and self._broken is None and settled
+        if not clean:
+            return
+        try:
+            self.storage.create(wal_closed_name(self.container_id, self.epoch, end), b"")
+        except (ChunkExists, ChunkStorageError) as exc:
+            log.warning("container %d: Tier 1 clean close not recorded: %s", self.container_id, exc)

@@ -15,8 +15,10 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from engine.config import TIER1_WRITES_IN_FLIGHT_MAX
 from engine.durable_log import frames
@@ -26,8 +28,10 @@ from engine.naming import (
     epoch_name,
     epoch_prefix,
     parse_epoch_name,
+    parse_wal_closed_name,
     parse_wal_object_name,
     parse_wal_start_name,
+    wal_closed_prefix,
     wal_object_name,
     wal_prefix,
     wal_start_name,
@@ -57,6 +61,43 @@ _RECOVERY_ATTEMPTS = 50
 _FENCE_AHEAD_MAX = 1024
 # Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
 _READERS = 16
+
+T = TypeVar("T")
+
+
+def _at_once(call: Callable[[int], T], items: list[int]) -> dict[int, T]:
+    """``call`` of every item on up to ``_READERS`` threads; the first error is raised, the rest not begun."""
+    results: dict[int, T] = {}
+    pending = iter(items)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                item = None if errors else next(pending, None)
+            if item is None:
+                return
+            try:
+                result = call(item)
+            except BaseException as exc:  # handed to the caller below
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                results[item] = result
+
+    if len(items) <= 1:
+        return {item: call(item) for item in items}
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(min(_READERS, len(items)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return results
+
 
 @dataclass(slots=True)
 class LogEntry:
@@ -96,6 +137,10 @@ class ObjectLogRecovery:
         self._fenced_at = 0.0  # ...and when (time.monotonic)
         self._garbage: list[tuple[str, int, float]] = []  # (name, size, not before) below the start
         self._repair_from: int | None = None  # the oldest write that failed, until repaired
+        self._skip_to = 0  # a repair fills the names up to here (past a lost recovery's claims)
+        self._older_claims: list[str] = []  # the epochs claimed before ours, deleted once recovered
+        self._recovered = False  # recover() ended: the log is ours to write
+        self._closed = False  # close() began: no write begins any more
         self._confirmed_at = 0.0
         self._lock = threading.Lock()
         self._confirm_lock = threading.Lock()
@@ -141,33 +186,9 @@ class ObjectLogRecovery:
     def _fetch(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
         """Read the objects of ``indexes`` missing from ``cache`` into it, several at once."""
         todo = [index for index in indexes if index not in cache]
-        pending = iter(todo)
-        lock = threading.Lock()
-        errors: list[BaseException] = []
-
-        def read() -> None:
-            while True:
-                with lock:
-                    index = None if errors else next(pending, None)
-                if index is None:
-                    return
-                try:
-                    got = self._get(index, sizes.get(index))
-                except BaseException as exc:  # handed to the caller below
-                    with lock:
-                        errors.append(exc)
-                    return
-                if got is not None:
-                    with lock:
-                        cache[index] = got
-
-        readers = [threading.Thread(target=read, daemon=True) for _ in range(min(_READERS, len(todo)))]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join()
-        if errors:
-            raise errors[0]
+        for index, got in _at_once(lambda index: self._get(index, sizes.get(index)), todo).items():
+            if got is not None:
+                cache[index] = got
 
     def _batches(self, index: int, body: bytes, first_seq: int | None) -> list[frames.Batch]:
         try:
@@ -194,10 +215,27 @@ class ObjectLogRecovery:
 
         The fence reads nothing but the objects above a hole, so it wins
         against an old writer that is still busy; reading follows, once no
-        older writer can add to the log.
+        older writer can add to the log. When the writer of the epoch just
+        before ours closed the log cleanly, there is nothing to fence
+        (``_after_clean_close``).
         """
-        self.epoch, self.generation = self._new_epoch(), 0
+        with ThreadPoolExecutor(1) as lister:  # the clean-close records are listed while the epoch is claimed
+            closes = lister.submit(self._close_records)
+            self.epoch, self.generation = self._new_epoch(), 0
+            obsolete = self._older_claims + closes.result()
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
+        batches = self._after_clean_close(obsolete, cache)
+        if batches is None:
+            batches = self._fenced_log(cache)
+        newer = self._newer_owner(force=True)
+        if newer is not None:
+            raise self._fence_error(newer)
+        self._garbage += [(name, 0, 0.0) for name in obsolete]
+        self._recovered = True
+        yield from batches
+
+    def _fenced_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
+        """Fence every older writer, then read the log."""
         ahead = REACH + 1
         for _ in range(_RECOVERY_ATTEMPTS):
             covered = self._fence(cache, ahead)
@@ -206,12 +244,8 @@ class ObjectLogRecovery:
                 continue
             self._fence_top, self._fenced_at = covered, time.monotonic()
             batches = self._read_log(cache)
-            newer = self._newer_owner(force=True)
-            if newer is not None:
-                raise self._fence_error(newer)
             log.info("container %d: Tier 1 fenced up to %d, epoch %d", self.container_id, covered, self.epoch)
-            yield from batches
-            return
+            return batches
         raise DataCorrupted(
             f"container {self.container_id}: could not fence the Tier 1 log in {_RECOVERY_ATTEMPTS} "
             "attempts: another server keeps writing it"
@@ -233,9 +267,50 @@ class ObjectLogRecovery:
             except ChunkExists:
                 continue
             self._confirmed_at = asked
-            for old in taken:  # the newest claim is all a later writer needs
-                self.storage.delete(epoch_name(self.container_id, old))
+            self._older_claims = [epoch_name(self.container_id, old) for old in taken]
             return epoch
+
+    def _close_records(self) -> list[str]:
+        """Every clean-close record (``ObjectDataLog.close``).
+
+        Only the one of the epoch right before ours counts, and a recovery
+        needs none of them once it holds its epoch: they are deleted with the
+        log's garbage, and so are the older epochs' claims (the newest claim
+        is all that tells later writers where epochs stand).
+        """
+        return [info.name for info in self.storage.list(wal_closed_prefix(self.container_id))]
+
+    def _after_clean_close(
+        self, records: list[str], cache: dict[int, WalObject]
+    ) -> list[frames.Batch] | None:
+        """The log, read without a fence if the writer of the epoch before ours closed it cleanly; else None.
+
+        That writer recorded (``ObjectDataLog.close``) that it will never
+        write again and that every write it began, all below ``end``, is in
+        the bucket. Our epoch is the next one, so no writer began between;
+        every older writer was fenced by a recovery before that writer's
+        (it could only write after one), so none can create a name past the
+        names the log held then, all taken since. So no writer but us can add
+        to the log: only recoveries that lost to ours, whose empty claims
+        past ``end`` read as nothing (``_read_log``). A writer paused after
+        its stop and before its record is written is no matter: the record
+        comes late or never, and a later recovery looks only for the record
+        of the epoch just before its own.
+        """
+        closes = [parse_wal_closed_name(self.container_id, name) for name in records]
+        ends = [close[1] for close in closes if close is not None and close[0] == self.epoch - 1]
+        if not ends:
+            return None
+        end = ends[0]
+        self._fence_top, self._fenced_at = end - 1, time.monotonic()
+        batches = self._read_log(cache)
+        if self._next_index < end:
+            raise DataCorrupted(
+                f"container {self.container_id}: the Tier 1 log ends before write {end}, "
+                f"which its writer of epoch {self.epoch - 1} closed it at"
+            )
+        log.info("container %d: Tier 1 closed cleanly at %d, epoch %d", self.container_id, end, self.epoch)
+        return batches
 
     def _fence(self, cache: dict[int, WalObject], ahead: int) -> int | None:
         """Take every name an older writer could still create; the highest name covered, or None to retry.
@@ -259,39 +334,41 @@ class ObjectLogRecovery:
         fence = top + ahead
         if not self._claim(fence, base, cache):
             return None  # the old writer got there first: look again, and aim further
-        held = [fence] + [index for index in range(fence - 1, top, -1) if self._claim(index, base, cache)]
-        lowest = min(held)
-        for index in range(fence + 1, lowest + REACH):
-            self._claim(index, base, cache)
+        claimed = self._claim_all(range(top + 1, fence), base, cache)
+        lowest = min([fence] + [index for index, ours in claimed.items() if ours])
+        self._claim_all(range(fence + 1, lowest + REACH), base, cache)
         if holes:
             self._check_holes(holes, names, cache)
-            for index in reversed(holes):
-                self._claim(index, base, cache)
+            self._claim_all(holes, base, cache)
         if self._start() > lowest:
             return None  # a truncation had freed the names we took: they lie below the log's start
         return max(fence, lowest + REACH - 1)
 
+    def _claim_all(self, indexes: Iterable[int], base: int, cache: dict[int, WalObject]) -> dict[int, bool]:
+        """``_claim`` of every name of ``indexes`` at once: which of them we hold."""
+        return _at_once(lambda index: self._claim(index, base, cache), list(indexes))
+
     def _claim(self, index: int, base: int, cache: dict[int, WalObject]) -> bool:
         """Take name ``index`` with an empty object of ours; False if another writer's write has it.
 
-        A newer writer there: LogFenced.
+        A newer writer there: LogFenced. The object found or made goes into
+        ``cache`` (reading the log then need not read our own claims back).
         """
         data = encode_object(self.writer, base, b"")
         while True:
             try:
                 self.storage.create(self._name(index), data)
+                cache[index] = WalObject(self.writer, base, b"")
                 return True
             except ChunkExists:
                 pass
             got = self._get(index)
             if got is None:
                 continue
-            if got.writer == self.writer:
-                return True  # our own earlier claim
             if got.writer > self.writer:
                 raise self._fence_error(got.writer)
             cache[index] = got
-            return False
+            return got.writer == self.writer  # our own earlier claim, or another writer's write
 
     def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> None:
         """A hole must be a write that never landed: no later write was begun after it was in the bucket."""
@@ -302,12 +379,25 @@ class ObjectLogRecovery:
                 raise DataCorrupted(f"container {self.container_id}: Tier 1 object {missing} is missing")
 
     def _read_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
-        """Every write from the log's start up to the end of our fence, in order."""
+        """Every write from the log's start up to the end of our fence, in order.
+
+        Past our fence only recoveries that lost to ours (fenced by our newer
+        epoch) may have claimed names, with empty objects, not necessarily one
+        after another: the log ends at the first gap past the fence (a write
+        meeting such a claim later goes past it: ``_passed_claims``).
+        """
         while True:
-            markers = self._markers()
+            with ThreadPoolExecutor(1) as lister:  # both at once: every name up to our fence's end exists
+                listing = lister.submit(self._listed)
+                markers = self._markers()
+                listed = listing.result()
             start = (markers or [0])[-1]
-            listed = self._listed()
             names = sorted(index for index in listed if index >= start)
+            past = range(max(start, self._fence_top + 1), names[-1] + 1 if names else 0)
+            gaps = [index for index in past if index not in listed]
+            if gaps:
+                self._skip_to = names[-1] + 1
+                names = [index for index in names if index < gaps[0]]
             self._fetch(names, listed, cache)
             batches: list[frames.Batch] = []
             entries: list[tuple[int, int | None, int]] = []

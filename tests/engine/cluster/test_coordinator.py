@@ -160,6 +160,51 @@ def test_a_dead_nodes_containers_move_within_a_lease_and_a_round() -> None:
     assert counts(cluster.held(), ["a", "c"]) == [3, 3]
 
 
+def test_a_dead_nodes_containers_are_claimed_the_moment_its_last_record_runs_out() -> None:
+    """Its heartbeat seen half a second after its leases: the round when the leases run out finds it
+    still live, and the balancer then claims nothing; the round when the heartbeat runs out claims."""
+    cluster = Cluster(6)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    b = cluster.nodes["b"]
+    cluster.advance(LEASE_S / 3)
+    b.leases.renew()  # b's last renewals...
+    for node in ("a", "c"):
+        cluster.nodes[node].round()
+    cluster.advance(0.5)
+    b.renew()  # ...and its last heartbeat; then b dies
+    for node in ("a", "c"):
+        cluster.nodes[node].round()
+    last_seen = cluster.clock.now
+    moved_at = None
+    while moved_at is None and cluster.clock.now < last_seen + 2 * LEASE_S:
+        a = cluster.nodes["a"]  # as its run loop waits: a round's period, or until the next expiry
+        cluster.advance(max(0.01, min(a.round_every_s, a._next_expiry() - cluster.clock.now)))
+        for node in ("a", "c"):
+            cluster.nodes[node].tick()
+        if cluster.owned_once_by(["a", "c"]):
+            moved_at = cluster.clock.now
+    assert moved_at is not None and moved_at <= last_seen + LEASE_S + 0.05, (moved_at, last_seen)
+
+
+def test_a_node_that_recovered_a_container_is_routed_to_before_the_next_round() -> None:
+    cluster = Cluster(3)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    a = cluster.nodes["a"]
+    (mine,) = a.held()
+    (moved,) = cluster.nodes["b"].held()
+    a.learned(moved, "c")  # c says it recovered b's container (as after b's death)
+    assert a.view().owners[moved] == "c"
+    a.learned(mine, "c")  # a holds this one: it stays here
+    a.learned(moved, "z")  # no such live node
+    assert a.view().owners[mine] == "a" and a.view().owners[moved] == "c"
+    cluster.rounds(1)  # the round sets the view from the leases again
+    assert a.view().owners[moved] == "b"
+
+
 def test_a_dead_owners_container_says_what_its_takeover_waits_for_and_how_long() -> None:
     cluster = Cluster(3)
     for node in ("a", "b", "c"):

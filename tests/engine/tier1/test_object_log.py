@@ -15,11 +15,18 @@ import pytest
 
 from engine import DataCorrupted
 from engine.durable_log.data_log import LogFenced, PendingWrite
-from engine.naming import epoch_prefix, wal_object_name, wal_prefix, wal_start_prefix
+from engine.naming import (
+    epoch_prefix,
+    wal_closed_name,
+    wal_closed_prefix,
+    wal_object_name,
+    wal_prefix,
+    wal_start_prefix,
+)
 from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier1.object_log_recovery import REACH
-from engine.tier1.wal_object import decode_object
+from engine.tier1.wal_object import decode_object, encode_object
 from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
@@ -150,8 +157,8 @@ def test_racing_recoveries_leave_exactly_one_writer() -> None:
         first.append(b"base")
         writers = []
         for log in _recover_at_once(storage, 3):
-            try:
-                log.append(b"mine")
+            try:  # a losing recovery's empty claims in the winner's way cost it a failed write
+                append_through_failures(log, b"mine")
                 writers.append(log)
             except LogFenced:
                 pass
@@ -434,10 +441,13 @@ def test_names_the_fence_covered_stay_until_keep_fence_s_after_it(monkeypatch: p
     assert opened(storage)[1] == [bytes([3]) * 10]
 
 
-def test_epochs_grow_and_only_the_newest_claim_stays() -> None:
+def test_epochs_grow_and_only_the_newest_claim_stays_once_the_log_truncates() -> None:
     storage = MemoryChunkStorage()
-    epochs = [opened(storage)[0].epoch for _ in range(3)]
+    logs = [opened(storage)[0] for _ in range(3)]
+    epochs = [log.epoch for log in logs]
     assert epochs == sorted(set(epochs))
+    logs[-1].append(b"one")
+    logs[-1].truncate(logs[-1].append(b"two")[0])  # the older claims go with the log's garbage
     claims = [n for n in storage.chunks if n.startswith(epoch_prefix(C))]
     assert claims == [f"{epoch_prefix(C)}{epochs[-1]:020d}"]
 
@@ -478,3 +488,151 @@ def test_a_busy_old_writer_is_fenced_by_aiming_further_ahead(burst: int) -> None
         old.append(b"after the fence")
     new.append(b"new")
     assert opened(storage)[1] == [b"before", *storage.written, b"new"]
+
+
+class PausedAfterEpoch(MemoryChunkStorage):
+    """Runs ``meanwhile`` right after the next claim of an epoch (that recovery pauses there)."""
+
+    meanwhile: Callable[[], None] | None = None
+
+    def create(self, name: str, data: bytes) -> None:
+        super().create(name, data)
+        if name.startswith(epoch_prefix(C)) and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+
+
+def test_a_recovery_fencing_after_the_winner_recovered_is_fenced_and_the_winner_writes_past_it() -> None:
+    """Recovery A claims its epoch, then pauses while B claims a newer one and recovers entirely;
+    A then lists B's objects and claims names past them, where B's first writes go. A is fenced
+    (B's epoch is newer); B must not find its log unusable: A's empty objects there are no writes
+    and read as nothing, so B writes past them."""
+    storage = PausedAfterEpoch()
+    first, _ = opened(storage)
+    first.append(b"base")
+    winner: list[ObjectDataLog] = []
+    storage.meanwhile = lambda: winner.append(opened(storage)[0])
+    loser = ObjectDataLog(storage, C, max_frame_bytes=4096, max_writes_in_flight=4)
+    with pytest.raises(LogFenced):
+        list(loser.recover())
+    (log,) = winner
+    assert log.epoch > loser.epoch
+    taken_by_loser = [i for i in wal(storage) if i >= log._next_index]
+    assert taken_by_loser, "the losing recovery claimed names where the winner writes next"
+    failures = sum(append_through_failures(log, payload) for payload in (b"one", b"two", b"three"))
+    assert failures == 1  # the write that met A's claims; its repair goes past all of them
+    assert opened(storage)[1] == [b"base", b"one", b"two", b"three"]
+
+
+def append_through_failures(log: ObjectDataLog, payload: bytes) -> int:
+    """Append as the durable log does (a failed write, not a fence, abandoned and sent again): failures."""
+    for failures in range(4 * REACH):
+        try:
+            log.append(payload)
+            return failures
+        except LogFenced:
+            raise
+        except OSError:
+            continue
+    raise AssertionError("the write never landed")
+
+
+def test_claims_of_a_losing_recovery_past_the_fence_with_gaps_between_end_the_log_at_the_first_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recovery that lost (older epoch) claims its farthest name first: the winner may list it with
+    free names below it, past its own fence. That is no missing write: the log ends at the gap."""
+    storage = MemoryChunkStorage()
+    first, _ = opened(storage)
+    first.append(b"base")
+    read_log = ObjectDataLog._read_log
+
+    def claimed_meanwhile(self: ObjectDataLog, cache: dict[int, object]) -> list[object]:
+        far = self._fence_top + 2 * REACH
+        storage.create(wal_object_name(C, far), encode_object((self.epoch - 1, 0), 0, b""))
+        return read_log(self, cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ObjectDataLog, "_read_log", claimed_meanwhile)
+    log, payloads = opened(storage)
+    monkeypatch.undo()
+    assert payloads == [b"base"]
+    failures = sum(append_through_failures(log, payload) for payload in (b"one", b"two"))
+    assert failures <= 1
+    assert opened(storage)[1] == [b"base", b"one", b"two"]
+
+
+def closes(storage: MemoryChunkStorage) -> list[str]:
+    return sorted(n for n in storage.chunks if n.startswith(wal_closed_prefix(C)))
+
+
+def test_a_log_closed_cleanly_is_taken_over_without_a_fence_and_its_writer_never_writes_again() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    old.append(b"two")
+    old.close()
+    assert closes(storage) == [wal_closed_name(C, old.epoch, old._next_index)]
+    names = wal(storage)
+    new, payloads = opened(storage)
+    assert payloads == [b"one", b"two"]
+    assert wal(storage) == names  # no fence: not one name claimed
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(OSError, match="closed"):
+        old.append(b"zombie")
+    new.append(b"three")
+    assert wal(storage) == [*names, names[-1] + 1]
+    _, payloads = opened(storage)  # the new owner did not close: fenced as after a crash
+    assert payloads == [b"one", b"two", b"three"]
+    assert len(wal(storage)) > len(names) + 1
+    with pytest.raises(LogFenced):
+        new.append(b"zombie")
+
+
+def test_a_clean_close_counts_only_for_the_epoch_right_after_its_writer_s() -> None:
+    """A writer whose clean close is recorded late (paused between its stop and its record) while a
+    newer owner already writes: the next recovery must fence that newer owner."""
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    new, _ = opened(storage)
+    new.append(b"two")
+    old.close()  # old was fenced without knowing it: it records a clean close of its epoch
+    assert closes(storage)
+    third, payloads = opened(storage)
+    assert payloads == [b"one", b"two"]
+    with pytest.raises(LogFenced):
+        new.append(b"zombie")
+    third.append(b"three")
+    assert opened(storage)[1] == [b"one", b"two", b"three"]
+
+
+def test_a_claimed_epoch_between_the_clean_close_and_the_next_recovery_means_a_fence() -> None:
+    storage = MemoryChunkStorage()
+    old, _ = opened(storage)
+    old.append(b"one")
+    old.close()
+    ObjectDataLog(storage, C)._new_epoch()  # a recovery that claimed its epoch and is slow to fence
+    names = wal(storage)
+    assert opened(storage)[1] == [b"one"]
+    assert len(wal(storage)) > len(names)
+
+
+@pytest.mark.parametrize("state", ["write out", "failed write", "fenced"])
+def test_a_log_not_settled_records_no_clean_close(state: str) -> None:
+    storage = MemoryChunkStorage()
+    log, _ = opened(storage)
+    log.append(b"one")
+    if state == "write out":
+        pending = log.begin(b"two")
+    elif state == "failed write":
+        log._repair_from = log._next_index  # as after a failed write not repaired yet
+    else:
+        opened(storage)
+        with pytest.raises(LogFenced):
+            log.append(b"two")
+    log.close()
+    assert closes(storage) == []
+    if state == "write out":
+        with pytest.raises(OSError, match="closed"):
+            log.write(pending)
+    assert opened(storage)[1] == [b"one"]
