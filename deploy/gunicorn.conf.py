@@ -55,9 +55,10 @@ if _refusal is not None:
     raise SystemExit(_refusal)
 
 bind = [_settings.bind]
-# One worker per core by default (the setting's 0); the workers read the count the arbiter chose.
+# One worker per core by default (the setting's 0); the workers read the count the arbiter chose
+# from their environment, which gunicorn sets from raw_env when it starts (not on import).
 workers = _engine_settings.processes_to_start(os.cpu_count() or 1)
-os.environ["SEGSTORE_PROCESSES"] = str(workers)
+raw_env = [f"SEGSTORE_PROCESSES={workers}"]
 worker_class = "gevent"
 worker_connections = 2000
 preload_app = False
