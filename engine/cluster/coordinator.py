@@ -40,17 +40,14 @@ from prometheus_client import CollectorRegistry
 
 from engine.cluster import balancer
 from engine.cluster.holdings import MARGIN_SHARE, Holdings
+from engine.cluster.observation import Observed, observe
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
-from engine.cluster.registers import Register, RegisterConflict, RegisterError, Registers
+from engine.cluster.registers import RegisterConflict, RegisterError, Registers
 from engine.metrics import ClusterMetrics
 from engine.naming import (
     CLUSTER_RECORD,
-    lease_prefix,
     lease_register_name,
-    node_prefix,
     node_register_name,
-    parse_lease_register_name,
-    parse_node_register_name,
     validate_node_id,
 )
 
@@ -92,12 +89,6 @@ class ClusterView:
     nodes: dict[str, str] = field(default_factory=dict)
     owners: dict[int, str] = field(default_factory=dict)
     hops: dict[str, str] = field(default_factory=dict)  # node -> its Unix socket, for nodes on this machine
-
-
-@dataclass(slots=True)
-class _Observed:
-    nodes: dict[str, NodeRecord]
-    leases: dict[int, tuple[LeaseRecord, str]]
 
 
 class Coordinator:
@@ -386,41 +377,10 @@ class Coordinator:
         except RegisterError as exc:
             log.warning("node %s heartbeat failed: %s", self.node_id, exc)
 
-    def _observe(self) -> _Observed:
-        nodes: dict[str, NodeRecord] = {}
-        leases: dict[int, tuple[LeaseRecord, str]] = {}
-        names = self.registers.names(node_prefix()) + self.registers.names(lease_prefix())
-        for name, (register, read_at) in zip(names, self._read_all(names), strict=True):
-            if register is None:
-                continue
-            self._observer.saw(name, register.version, read_at)
-            if (node := parse_node_register_name(name)) is not None:
-                nodes[node] = NodeRecord.decode(name, register.data)
-                continue
-            container = parse_lease_register_name(name)
-            if container is not None and container < self.container_count:
-                leases[container] = (LeaseRecord.decode(name, register.data), register.version)
-        self._observer.forget(set(names))
-        return _Observed(nodes, leases)
+    def _observe(self) -> Observed:
+        return observe(self.registers, self._observer, self._readers, self.clock, self.container_count)
 
-    def _read_all(self, names: list[str]) -> list[tuple[Register | None, float]]:
-        """The registers of ``names``, each with when its read ended, read at once.
-
-        A round waits about one read, not one per register: a slow bucket
-        would otherwise stretch it by every read, and with it the time until
-        this node sees a lease change. Each version counts as seen when its
-        own read ended (after the write that made it began, as staleness
-        needs), not when the slowest read of the round did.
-        """
-        def read(name: str) -> tuple[Register | None, float]:
-            register = self.registers.read(name)
-            return register, self.clock()
-
-        if len(names) <= 1:
-            return [read(name) for name in names]
-        return list(self._readers.map(read, names))
-
-    def _balance(self, seen: _Observed) -> None:
+    def _balance(self, seen: Observed) -> None:
         self._leases = seen.leases
         self._others = set(seen.nodes) - {self.node_id}
         now = self.clock()
