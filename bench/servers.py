@@ -82,7 +82,6 @@ class ServerProcess:
         self.app = app
         self.port = port or free_port()
         self.env = {
-            "SEGSTORE_PROCESSES": "1",  # one process unless told: what the tests of a single process expect
             **os.environ,
             "SEGSTORE_DATA_DIR": str(self.data_dir),
             "SEGSTORE_BIND": f"127.0.0.1:{self.port}",

@@ -204,13 +204,14 @@ def test_a_size_in_another_form_is_refused_with_the_expected_form(raw: str) -> N
         load_settings({"SEGSTORE_CACHE_MAX_BYTES": raw})
 
 
-def test_processes_default_to_one_per_core_up_to_the_containers_with_local_tier1() -> None:
-    assert Settings().processes_to_start(2) == 2
-    assert Settings().processes_to_start(64) == 4  # no process without a container
-    assert Settings(processes=1).processes_to_start(64) == 1
-    s3 = Settings(tier1="s3://b/t1", tier2="s3://b/t2")
+def test_processes_0_is_one_per_core_up_to_the_containers_with_local_tier1() -> None:
+    assert Settings().processes == 1
+    assert Settings().processes_to_start(64) == 1
+    assert Settings(processes=0).processes_to_start(2) == 2
+    assert Settings(processes=0).processes_to_start(64) == 4  # no process without a container
+    s3 = Settings(processes=0, tier1="s3://b/t1", tier2="s3://b/t2")
     assert s3.processes_to_start(8) == 1  # a cluster node is one process
-    assert not Settings().local_members  # in one process (tests, the CLI) 0 means one
+    assert not Settings(processes=0).local_members  # in one process (tests, the CLI) 0 means one
     assert Settings(processes=2).local_members
 
 
