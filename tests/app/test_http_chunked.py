@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -65,10 +66,15 @@ def send_malformed(server: ServerProcess, head: str, case: str) -> list[Answer]:
     return answers
 
 
-def send_chunked(server: ServerProcess, head: str, body: bytes, *, half_close: bool) -> Answer:
-    """Send ``head`` (request line and headers) with a chunked body; read the answer until close."""
+def send_chunked(
+    server: ServerProcess, head: str, body: bytes, *, half_close: bool, port: int | None = None
+) -> Answer:
+    """Send ``head`` (request line and headers) with a chunked body; read the answer until close.
+
+    To ``server``'s port, or ``port`` (a process's own).
+    """
     request = f"{head}\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n".encode() + body
-    with socket.create_connection(("127.0.0.1", server.port), timeout=ANSWER_WITHIN_S) as sock:
+    with socket.create_connection(("127.0.0.1", port or server.port), timeout=ANSWER_WITHIN_S) as sock:
         sock.sendall(request)
         if half_close:
             sock.shutdown(socket.SHUT_WR)
@@ -113,6 +119,28 @@ def test_native_append_is_400_and_stores_nothing(server: ServerProcess, case: st
         assert_problem_400(answer)
     info = requests.get(url + ":info", timeout=5)  # a new connection: the worker serves on
     assert info.status_code == 200 and info.json()["length"] == 0
+
+
+@pytest.mark.parametrize("server", [2], ids=["two-processes"], indirect=True)
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_body_sent_to_each_process_at_its_own_address_is_400(
+    server: ServerProcess, case: str
+) -> None:
+    """A process's own address (gevent's server; owner-aware clients use it): one answers, one passes on."""
+    nodes = requests.get(f"{server.url}/v1/cluster", timeout=5).json()["nodes"]
+    assert len(nodes) == 2
+    url = f"{server.url}/v1/segments/chunked/own/{case}"
+    assert requests.put(url, timeout=5).status_code == 201
+    body, half_close = MALFORMED[case]
+    answers = [
+        send_chunked(server, f"POST /v1/segments/chunked/own/{case} HTTP/1.1", body, half_close=half_close,
+                     port=urlsplit(node["url"]).port)
+        for node in nodes
+    ]
+    for answer in answers:
+        assert_problem_400(answer)
+    assert sorted(OWNER in answer.headers for answer in answers) == [False, True]
+    assert requests.get(url + ":info", timeout=5).json()["length"] == 0
 
 
 @pytest.mark.parametrize("case", MALFORMED)
