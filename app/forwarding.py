@@ -27,6 +27,14 @@ a read (GET, HEAD), or an append with ``Writer-Id`` and ``Event-Number``,
 which the owner deduplicates (its body, at most ``max_append_bytes``, is
 kept for that). Anything else answers 502 ``OutcomeUnknown``: it may have
 been applied.
+
+A body that breaks off while it is read from the client (a malformed
+chunked body: ``MalformedBody``, app/http_chunked.py) gets the answer the
+owner gives a body of its own, and the owner stores nothing: over the local
+hop the body ends with a broken body frame and the owner answers it (400
+problem+json, S3's ``IncompleteBody``); over HTTP the owner's connection is
+cut inside the body, so it stores nothing and its answer is lost, and this
+node answers 400 problem+json.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter
 from urllib3.exceptions import NewConnectionError
 
 from app import ops
-from app.errors import render_segstore_error
+from app.errors import MalformedBody, render_segstore_error
 from app.hop import HopClient, HopFailed, HopRefused
 from app.hop_frames import RequestHead, is_variable
 from engine import OutcomeUnknown, SegmentStore, Settings, container_for
@@ -135,6 +143,8 @@ class Forwarding:
                     body = _read_all(environ)
                 try:
                     return self._forward(environ, start_response, *owner, deadline, body)
+                except MalformedBody as broken:  # over HTTP: the owner's connection was cut inside it
+                    return render_segstore_error(broken)(environ, start_response)
                 except _Unreachable:
                     self.store.owner_unreachable(owner[0])  # gone, or paused: wait for its lease to move
                 except _Failed as failed:

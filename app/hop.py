@@ -39,12 +39,14 @@ from typing import Any, BinaryIO
 from app.errors import MalformedBody
 from app.hop_frames import (
     ANSWER,
+    BROKEN,
     DATA,
     END,
     REQUEST,
     AnswerHead,
     FrameError,
     RequestHead,
+    broken_frame,
     data_frames,
     expect_frame,
     frame,
@@ -250,6 +252,7 @@ class FramedInput(io.RawIOBase):
         self._stream = stream
         self._piece = memoryview(b"")
         self._ended = False
+        self._broken: str | None = None  # why the body broke off at the forwarder's client
 
     def readable(self) -> bool:
         return True
@@ -279,17 +282,22 @@ class FramedInput(io.RawIOBase):
             self._piece = memoryview(b"")
 
     def _next(self, *, mapped: bool = True) -> bool:
-        """Take the next data frame; False at the end frame."""
+        """Take the next data frame; False at the end frame, MalformedBody at a broken body's."""
+        if self._broken is not None and mapped:
+            raise MalformedBody(self._broken)
         if self._ended:
             return False
         try:
             kind, payload = expect_frame(self._stream)
-            if kind not in (DATA, END):
+            if kind not in (DATA, END, BROKEN):
                 raise FrameError(f"a {kind!r} frame inside a request body")
         except (FrameError, OSError) as exc:
             if not mapped:
                 raise
             raise MalformedBody(f"the request body broke off: the forwarding node failed ({exc})") from exc
+        if kind == BROKEN:  # the client's body was malformed: fail as a body read here would
+            self._ended, self._broken = True, payload.decode(errors="replace")
+            return self._next(mapped=mapped)
         self._ended = kind == END
         self._piece = memoryview(payload)
         return not self._ended
@@ -331,16 +339,23 @@ class HopClient:
         """Send a request; its answer's head, and its body as it comes.
 
         HopRefused if nothing was sent; HopFailed if the owner failed or went
-        silent (``silence_s`` without a frame) before the answer's head; an
-        error of ``body`` (the client's own) is raised as it is.
+        silent (``silence_s`` without a frame) before the answer's head. A
+        ``MalformedBody`` of ``body`` (the client's own broke off while it
+        was read) ends the body with a broken body frame, and the owner
+        answers it as it would a body of its own; another error of ``body``
+        is raised as it is.
         """
         conn = self._connection(address)
         try:
             conn.sock.sendall(head.encode())
-            for piece in body:
-                for data in data_frames(piece):
-                    conn.sock.sendall(data)
-            conn.sock.sendall(_END)
+            try:
+                for piece in body:
+                    for data in data_frames(piece):
+                        conn.sock.sendall(data)
+            except MalformedBody as broken:
+                conn.sock.sendall(broken_frame(broken.detail))
+            else:
+                conn.sock.sendall(_END)
             kind, payload = expect_frame(conn.stream)
             if kind != ANSWER:
                 raise FrameError(f"a {kind!r} frame where an answer head was due")

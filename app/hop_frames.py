@@ -5,7 +5,11 @@ A node passes a request to an owner on the same machine over a Unix socket
 connection carries one exchange at a time, each a sequence of frames:
 
 - forwarder to owner: a request head (``Q``), the body as data frames
-  (``D``), an end frame (``E``);
+  (``D``), an end frame (``E``); or, in place of the end frame, a broken
+  body frame (``B``, its payload the error's detail) when the body broke
+  off while it was read from the client (a malformed chunked body): the
+  owner's readers then fail with ``MalformedBody`` as they would on a body
+  of its own, and it answers as it would (``app/http_chunked.py``);
 - owner to forwarder: an answer head (``A``), the body as data frames as the
   owner's app yields them (a long-poll's or an SSE stream's pieces when they
   come), an end frame.
@@ -32,7 +36,8 @@ REQUEST = b"Q"
 ANSWER = b"A"
 DATA = b"D"
 END = b"E"
-_KINDS = frozenset({REQUEST, ANSWER, DATA, END})
+BROKEN = b"B"
+_KINDS = frozenset({REQUEST, ANSWER, DATA, END, BROKEN})
 _PREFIX = struct.Struct(">cI")
 # gunicorn takes at most 100 header fields of 8190 bytes: every head it parsed fits.
 HEAD_LIMIT = 1024 * 1024
@@ -118,6 +123,11 @@ def data_frames(piece: bytes) -> Iterator[bytes]:
     view = memoryview(piece)
     for start in range(0, len(piece), DATA_LIMIT):
         yield frame(DATA, bytes(view[start:start + DATA_LIMIT]))
+
+
+def broken_frame(detail: str) -> bytes:
+    """The frame that ends a body broken off at the client, carrying why (cut to ``DATA_LIMIT`` bytes)."""
+    return frame(BROKEN, detail.encode()[:DATA_LIMIT])
 
 
 def read_frame(stream: BinaryIO) -> tuple[bytes, bytes] | None:

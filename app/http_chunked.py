@@ -11,7 +11,10 @@ they arrive as ``MalformedBody``: 400 ``InvalidArgument`` problem+json on the
 native and Durable Streams routes, ``IncompleteBody`` on S3. Nothing is
 stored, since every reader fails before its write is published. gunicorn
 marks such a body failed and closes the connection after the answer (where
-the next request would start is unknown); the worker serves on.
+the next request would start is unknown); the worker serves on. gevent's
+WSGI server, which serves a process's own address on a node of several
+processes (``app/private_listener.py``), raises ``OSError`` for all of these:
+mapped the same way, as is a connection that fails inside a chunked body.
 
 A chunk may also declare more bytes than any request takes
 (``max_chunk_bytes``). gunicorn would wait for all of them, so a size of
@@ -66,6 +69,8 @@ def _mapped() -> Iterator[None]:
         ) from None
     except ParseException as err:
         raise MalformedBody(f"the chunked request body is malformed: {err}") from None
+    except OSError as err:  # gevent's WSGI server's errors, or the connection's
+        raise MalformedBody(f"the chunked request body is malformed or broke off: {err}") from None
 
 
 class _ChunkedInput:

@@ -91,6 +91,11 @@ class ServerProcess:
         self.log_path = self.data_dir.parent / f"server-{self.port}.log"
 
     @property
+    def processes(self) -> int:
+        """How many server processes serve the data folder (``SEGSTORE_PROCESSES``)."""
+        return int(self.env["SEGSTORE_PROCESSES"])
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

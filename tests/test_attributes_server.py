@@ -1,4 +1,8 @@
-"""Attributes in a real server (gunicorn + gevent): values evicted to the index are fetched back."""
+"""Attributes in a real server (gunicorn + gevent): values evicted to the index are fetched back.
+
+On one process and on two over one data folder (the segment's container
+served by one of them, the other forwarding to it).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import ServerProcess
 from tests.processes import killed_at_exit
@@ -17,13 +22,23 @@ KEYS = [str(uuid.UUID(int=i + 1)) for i in range(50)]
 
 
 def _metric(server: ServerProcess, name: str) -> float:
+    """The sum of the samples of ``name`` over their labels (a node's processes each give their own)."""
     text = requests.get(f"{server.url}/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    env = {"SEGSTORE_ATTRIBUTE_CACHE_MAX_BYTES": "0", "SEGSTORE_FLUSH_THRESHOLD_MS": "50"}
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-processes"])
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    env = {
+        "SEGSTORE_ATTRIBUTE_CACHE_MAX_BYTES": "0",
+        "SEGSTORE_FLUSH_THRESHOLD_MS": "50",
+        "SEGSTORE_PROCESSES": str(request.param),
+    }
     with killed_at_exit(ServerProcess(tmp_path / "data", env=env)) as running:
         yield running
 

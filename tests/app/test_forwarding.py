@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes
 import pytest
 from werkzeug.test import create_environ
 
+from app.errors import MalformedBody
 from app.forwarding import Forwarding
 from app.native.subject import request_subject as native_subject
 from app.ops import ROUTE_KEY
@@ -343,3 +344,42 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
     else:
         assert answered == [] and json.loads(b"".join(body))["code"] == code
         assert 1.3 <= took < 4  # tail_wait_max_s + lease_s, not for ever
+
+
+def test_a_client_body_that_breaks_off_while_passed_on_over_http_is_a_400_and_cut_at_the_owner() -> None:
+    """The owner's connection ends inside the chunked body (it stores nothing); the client gets its 400."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    received: list[bytes] = []
+
+    def read_until_cut() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while piece := conn.recv(65536):
+                received.append(piece)
+
+    reader = threading.Thread(target=read_until_cut, daemon=True)
+    reader.start()
+
+    class Broken(io.RawIOBase):
+        def read(self, size: int | None = -1) -> bytes:
+            raise MalformedBody("the chunked request body is malformed: bad size line")
+
+    store = FakeStore(wait_s=5, ready_at=None)
+    store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    statuses: list[str] = []
+    request = environ("/v1/segments/x", "POST", Transfer_Encoding="chunked")
+    request["wsgi.input"] = Broken()
+    body = Forwarding(
+        lambda e, s: [],  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        SUBJECTS,
+        takeover_wait_s=store.wait_s,
+    )(request, lambda status, headers: statuses.append(status))
+    reader.join(5)
+    listener.close()
+    assert statuses == ["400 BAD REQUEST"]
+    problem = json.loads(b"".join(body))
+    assert problem["code"] == "InvalidArgument" and "bad size line" in problem["detail"]
+    assert not reader.is_alive() and not b"".join(received).endswith(b"0\r\n\r\n")  # no end of body

@@ -33,6 +33,7 @@ from app.hop_frames import (
     FrameTooLarge,
     RequestHead,
     TornFrame,
+    broken_frame,
     data_frames,
     expect_frame,
     frame,
@@ -136,13 +137,28 @@ def test_a_request_body_reads_in_any_sizes_up_to_its_end_frame() -> None:
     assert stream.read() == b"next"  # the next request's frames are left alone
 
 
+def test_a_broken_body_frame_fails_every_read_as_a_malformed_body() -> None:
+    stream = io.BytesIO(b"".join(data_frames(b"hel")) + broken_frame("bad size line") + b"next")
+    body = FramedInput(stream)
+    assert body.read(3) == b"hel"
+    for _ in range(2):
+        with pytest.raises(MalformedBody, match=r"^bad size line$"):
+            body.read(5)
+    body.drain()  # the body ended at its broken frame
+    assert stream.read() == b"next"
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[HopServer]:
     def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
         if environ["PATH_INFO"] == "/unread":
             start_response("413 Too Large", [("Content-Length", "0")])
             return iter([])
-        body = environ["wsgi.input"].read()
+        try:
+            body = environ["wsgi.input"].read()
+        except MalformedBody as err:  # as a surface answers it
+            start_response("400 Bad Request", [])
+            return iter([err.detail.encode()])
         remote = environ.get("REMOTE_ADDR", "")
         start_response("200 OK", [("X-Path", environ["PATH_INFO"]), ("X-Remote", remote)])
         return iter([b"got ", body, b""])
@@ -197,6 +213,22 @@ def test_a_body_the_owner_left_unread_is_drained(server: HopServer) -> None:
     assert answer.status == "413 Too Large" and b"".join(pieces) == b""
     answer, pieces = client.send(server.address, RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/"}), [])
     assert b"".join(pieces) == b"got "
+    client.close()
+
+
+def test_a_client_body_that_breaks_off_is_answered_by_the_owner_as_its_own(server: HopServer) -> None:
+    def broken() -> Iterator[bytes]:
+        yield b"par"
+        raise MalformedBody("the chunked request body is malformed: bad size line")
+
+    client = HopClient(connect_s=1, silence_s=5)
+    head = RequestHead({"REQUEST_METHOD": "POST", "PATH_INFO": "/p"})
+    answer, pieces = client.send(server.address, head, broken())
+    assert answer.status == "400 Bad Request"
+    assert b"".join(pieces) == b"the chunked request body is malformed: bad size line"
+    answer, pieces = client.send(server.address, head, [b"next"])  # the connection serves on
+    assert answer.status == "200 OK" and b"".join(pieces) == b"got next"
+    assert len(client._idle[server.address]) == 1
     client.close()
 
 

@@ -1,4 +1,9 @@
-"""The segstore command against a real server, through ``main([...])`` with captured stdio."""
+"""The segstore command against a real server, through ``main([...])`` with captured stdio.
+
+Every test runs against a server of one process and one of two over one
+data folder (a request reaching the process that does not serve its
+segment's container is forwarded to the one that does).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +24,26 @@ from client.errors import SegmentNotFound
 from client.results import AppendResult
 from client.segment_client import SegmentClient
 from tests.client.conftest import MAX_APPEND_BYTES
+from tests.processes import killed_at_exit
+
+ONE_PROCESS, TWO_PROCESSES = (
+    pytest.param(1, id="one-process"),
+    pytest.param(2, id="two-processes"),
+)
+
+
+@pytest.fixture(scope="module", params=[ONE_PROCESS, TWO_PROCESSES])
+def server(
+    request: pytest.FixtureRequest, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A server of ``request.param`` processes: the package's if it runs that many, else one of its own."""
+    if server.processes == request.param:
+        yield server
+        return
+    data_dir = tmp_path_factory.mktemp("cli-server") / "data"
+    env = {"SEGSTORE_MAX_APPEND_BYTES": str(MAX_APPEND_BYTES), "SEGSTORE_PROCESSES": str(request.param)}
+    with killed_at_exit(ServerProcess(data_dir, env=env)) as running:
+        yield running
 
 
 def _stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
@@ -129,14 +154,34 @@ def test_an_unreachable_server_is_one_line_and_exit_1(capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
-def test_health_and_cluster_of_a_single_node(
+@pytest.mark.parametrize("server", [ONE_PROCESS], indirect=True)
+def test_health_and_cluster_of_a_single_node_of_one_process(
     server: ServerProcess, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
+    """One process serves every container and is no cluster member."""
     assert main(["--endpoint", server.url, "health"]) == 0
     lines = capsysbinary.readouterr().out.decode().splitlines()
-    assert lines[-1] == "ok" and "container 0\trunning" in lines
+    assert lines == [f"container {c}\trunning" for c in range(4)] + ["ok"]
     assert main(["--endpoint", server.url, "cluster"]) == 0
     assert capsysbinary.readouterr().out.decode() == "a single node with 4 containers\n"
+
+
+@pytest.mark.parametrize("server", [TWO_PROCESSES], indirect=True)
+def test_health_and_cluster_of_a_node_of_two_processes(
+    server: ServerProcess, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """Each process is a member serving its share: health lists the answering one's, cluster all members."""
+    assert main(["--endpoint", server.url, "health"]) == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines[-1] == "ok" and lines[:-1]
+    assert all(line in {f"container {c}\trunning" for c in range(4)} for line in lines[:-1])
+    assert main(["--endpoint", server.url, "cluster"]) == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines[0] in {"answered by node p0", "answered by node p1"}
+    assert [line.partition("\t")[0] for line in lines[1:3]] == ["node p0", "node p1"]
+    owners = dict(line.split("\t") for line in lines[3:])
+    assert list(owners) == [f"container {c}" for c in range(4)]
+    assert sorted(owners.values()) == ["p0", "p0", "p1", "p1"]  # their counts differ by at most one
 
 
 def test_attributes_and_writers(
