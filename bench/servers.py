@@ -92,8 +92,8 @@ class ServerProcess:
 
     @property
     def processes(self) -> int:
-        """How many server processes serve the data folder (``SEGSTORE_PROCESSES``)."""
-        return int(self.env["SEGSTORE_PROCESSES"])
+        """How many server processes serve the data folder (``SEGSTORE_PROCESSES``; 1 by default)."""
+        return int(self.env.get("SEGSTORE_PROCESSES", "1"))
 
     @property
     def url(self) -> str:
