@@ -209,6 +209,24 @@ def test_s3_through_a_node_that_does_not_serve_the_object(
     assert (tmp_path / "down.bin").read_bytes() == source.read_bytes()
 
 
+def test_delete_objects_deletes_keys_both_nodes_serve(nodes: dict[str, ServerProcess]) -> None:
+    """One DeleteObjects request names keys of both nodes' containers: each is deleted where it lives."""
+    home, owner_url, via = roles(nodes, S3)
+    on_home = served_by(owner_url, home)
+    bucket = pick(f"del-{uuid.uuid4().hex[:8]}-", lambda n: on_home(s3_state_name("buckets", n)))
+    here = pick("here-", lambda k: on_home(f"{bucket}/{k}"))
+    there = pick("there-", lambda k: not on_home(f"{bucket}/{k}"))
+    s3 = s3_client(via)
+    s3.create_bucket(Bucket=bucket)
+    for key in (here, there):
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    keys = [here, there, "missing"]
+    result = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+    assert "Errors" not in result, result["Errors"]
+    assert sorted(d["Key"] for d in result["Deleted"]) == sorted(keys)
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket)
+
+
 def test_durable_streams_through_a_node_that_does_not_serve_the_stream(
     nodes: dict[str, ServerProcess],
 ) -> None:

@@ -295,9 +295,10 @@ def discard(store: SegmentStore, name: str) -> None:
         store.delete(name)
 
 
-def info_or_none(store: SegmentStore, name: str) -> SegmentInfo | None:
+def info_or_none(store: SegmentStore, name: str, *, anywhere: bool = False) -> SegmentInfo | None:
+    """The segment's state, None if there is none; ``anywhere`` as for ``SegmentStore.info``."""
     try:
-        return store.info(name)
+        return store.info(name, anywhere=anywhere)
     except SegmentNotFound:
         return None
 
@@ -407,19 +408,22 @@ def delete_object(store: SegmentStore, name: str, *, if_match: str | None = None
     """Delete the object and its record in one composite; a missing object is fine (S3 answers 204).
 
     With ``if_match``, only the object of that ETag (412 otherwise, 404 if there is none).
+    The object's container may be served by another cluster member (a
+    DeleteObjects request names keys of many containers): then the lookups
+    and the composite go to that member (``anywhere``), one call each.
     """
     record = record_name(name)
     for _ in range(RACED_TRIES_MAX):
-        current = info_or_none(store, name)
+        current = info_or_none(store, name, anywhere=True)
         if if_match is not None:
             check_write_conditions(store, current, if_none_match=False, if_match=if_match)
         steps: list[Step] = [] if current is None else [DeleteStep(name, segment_id=current.segment_id)]
-        if record is not None and info_or_none(store, record) is not None:
+        if record is not None and info_or_none(store, record, anywhere=True) is not None:
             steps.append(DeleteStep(record))
         if not steps:
             return
         try:
-            store.composite(steps)
+            store.composite(steps, anywhere=True)
             return
         except SegmentNotFound as err:
             if not raced(err, steps, name):

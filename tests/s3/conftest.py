@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
     auth_file = root / "auth.toml"
     auth_file.write_text(AUTH_FILE)
     env = {
+        # Two processes, as `make run` serves one per core: a request's keys may span both.
+        "SEGSTORE_PROCESSES": os.environ.get("SEGSTORE_PROCESSES", "2"),
         "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY},{READER_KEY}:{READER_SECRET}",
         "SEGSTORE_AUTH_FILE": str(auth_file),
         "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
