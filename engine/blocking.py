@@ -14,7 +14,9 @@ hub per signal however many greenlets wait.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import gevent
@@ -23,6 +25,15 @@ import gevent.monkey
 from gevent._hub_local import get_hub_if_exists
 
 T = TypeVar("T")
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the folder's entries (a new name, a removed one) durable; blocking, for ``run_blocking``."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _patched() -> bool:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from engine.blocking import run_blocking
+from engine.blocking import run_blocking, sync_folder
 from engine.tier2.s3 import error_code, error_status, make_client, was_retried
 
 # 412: the condition failed; 409: another conditional write of the key was under way (nothing written).
@@ -162,7 +162,7 @@ class FolderRegisters:
             raise RegisterError(f"write of register {name!r} failed: {exc}") from exc
         finally:
             temp.unlink(missing_ok=True)
-        _sync_folder(path.parent)
+        sync_folder(path.parent)
         return version
 
     def replace(self, name: str, data: bytes, version: str) -> str:
@@ -181,7 +181,7 @@ class FolderRegisters:
             raise RegisterError(f"write of register {name!r} failed: {exc}") from exc
         finally:
             temp.unlink(missing_ok=True)
-        _sync_folder(path.parent)
+        sync_folder(path.parent)
         return new_version
 
     def _written(self, path: Path, data: bytes) -> tuple[str, Path]:
@@ -231,13 +231,6 @@ class FolderRegisters:
                 raise RegisterError(f"listing of registers {prefix!r} failed: {exc}") from exc
         return sorted(found)
 
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class S3Registers:

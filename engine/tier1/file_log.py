@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from engine.blocking import sync_folder
 from engine.durable_log import frames
 from engine.durable_log.data_log import LogFenced, PendingWrite, write_one
 from engine.errors import DataCorrupted
@@ -41,13 +42,6 @@ log = logging.getLogger(__name__)
 EPOCH_FILE = "EPOCH"
 _EPOCH_BYTES = 21  # 20 digits and a newline, written in place
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def bump_epoch(folder: Path) -> tuple[int, int]:
@@ -70,7 +64,7 @@ def bump_epoch(folder: Path) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    _fsync_dir(folder)
+    sync_folder(folder)
     return epoch, fd
 
 
@@ -155,7 +149,7 @@ class FileDataLog:
             self._new_file = True
             if self._files[-1][0] == self._next_seq:  # it holds no frame: the new file takes its name
                 self._files.pop()[1].unlink()
-                _fsync_dir(self.folder)
+                sync_folder(self.folder)
 
     def _cut_torn(self, path: Path, data: bytes, torn: frames.TornTail, expected: int, newest: bool) -> int:
         """Cut a torn write off the end of the newest file; where the file now ends. Else DataCorrupted."""
@@ -174,7 +168,7 @@ class FileDataLog:
             path = self.folder / log_file_name(first_seq)
             self._close_fd()
             self._fd = self._create(path)
-            _fsync_dir(self.folder)
+            sync_folder(self.folder)
             self._new_file = False
             if self._files:
                 self._older_bytes += self._size
@@ -290,7 +284,7 @@ class FileDataLog:
             freed += path.stat().st_size
             path.unlink()
         if freed:
-            _fsync_dir(self.folder)
+            sync_folder(self.folder)
         self._older_bytes = max(self._older_bytes - freed, 0)
         return freed
 

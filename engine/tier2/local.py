@@ -32,7 +32,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.blocking import os_thread_lock, run_blocking
+from engine.blocking import os_thread_lock, run_blocking, sync_folder
 from engine.tier2.chunk_storage import (
     BadChunkOffset,
     ChunkExists,
@@ -106,7 +106,7 @@ class LocalChunkStorage:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-        _fsync_folder(path.parent)
+        sync_folder(path.parent)
 
     def _make_folders(self, folder: Path) -> None:
         """Create ``folder`` and any missing parents, each made durable in its parent."""
@@ -119,7 +119,7 @@ class LocalChunkStorage:
                 os.mkdir(made)
             except FileExistsError:
                 continue
-            _fsync_folder(made.parent)
+            sync_folder(made.parent)
 
     # ------------------------------------------------------------ lookups
     def exists(self, name: str) -> bool:
@@ -202,7 +202,7 @@ class LocalChunkStorage:
                     break
                 folder = folder.parent
         with contextlib.suppress(FileNotFoundError):
-            _fsync_folder(folder)
+            sync_folder(folder)
 
     def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
         """The chunks whose names start with ``prefix``, in name order (temporary files skipped)."""
@@ -373,12 +373,3 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the folder's entries (a new name, a removed one) durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
