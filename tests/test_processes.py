@@ -22,6 +22,7 @@ import pytest
 import requests
 from botocore.config import Config
 
+from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess, cluster_node_env, free_port
 from client.segment_client import SegmentClient
 from engine import container_for
@@ -335,3 +336,35 @@ def test_with_tier1_on_s3_each_process_is_a_cluster_member(
             before = {name: len(events) for name, events in writers.acked.items()}
             wait_until(lambda: all(len(writers.acked[n]) > before[n] for n in SEGMENTS), 30, server)
         check_stored_once(server, writers)
+
+
+def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(node: ServerProcess) -> None:
+    held = owners(node)
+
+    def on(member: str, prefix: str) -> str:
+        return next(
+            n for n in (f"{prefix}{i}" for i in range(200))
+            if held[container_for(stream_meta_segment(n), 4)] == member
+        )
+
+    source, fork, leaf = on("p0", "src"), on("p1", "fork"), on("p0", "leaf")
+    streams = f"{node.url}/v1/stream/"
+    text = {"Content-Type": "text/plain"}
+    assert requests.put(streams + source, headers=text, data=b"a", timeout=10).status_code == 201
+    made = requests.put(streams + fork, headers={"Stream-Forked-From": source}, timeout=10)
+    assert made.status_code == 201, made.text
+    assert requests.put(streams + leaf, headers={"Stream-Forked-From": fork}, timeout=10).status_code == 201
+    assert requests.delete(streams + source, timeout=10).status_code == 204
+    assert requests.get(streams + source, timeout=10).status_code == 410
+    assert requests.post(streams + source, headers=text, data=b"b", timeout=10).status_code == 410
+    assert requests.put(streams + source, headers=text, timeout=10).status_code == 409
+    again = requests.put(streams + "other", headers={"Stream-Forked-From": source}, timeout=10)
+    assert again.status_code == 409
+    assert requests.get(streams + fork, timeout=10).content == b"a"
+    assert requests.delete(streams + fork, timeout=10).status_code == 204
+    assert requests.get(streams + fork, timeout=10).status_code == 410
+    assert requests.get(streams + source, timeout=10).status_code == 410
+    assert requests.delete(streams + leaf, timeout=10).status_code == 204
+    for name in (leaf, fork, source):
+        assert requests.get(streams + name, timeout=10).status_code == 404, name
+    assert requests.put(streams + source, headers=text, timeout=10).status_code == 201

@@ -10,7 +10,8 @@ In a cluster a stream's data stays beside its own meta segment, so that one
 node serves all of it: a fork's data segment is a copy of the source's bytes
 below the fork offset (``SegmentStore.copy``: offsets kept, chunks shared
 only when both land in one container), its source read through the node
-serving it if need be.
+serving it if need be; the fork registers with its source (``fork_refs``)
+before its own meta record makes it exist.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import uuid
 from typing import TYPE_CHECKING
 
+from app.streams import fork_refs
 from app.streams.errors import StreamConflict, StreamNotFound
 from app.streams.format import (
     DEFAULT_CONTENT_TYPE,
@@ -157,7 +159,11 @@ def _create_segments(
         store.fork(source.config.data_segment, config.data_segment, config.fork_position)
     else:
         store.copy(source.config.data_segment, config.data_segment, config.fork_position)
+    registered = False
     try:
+        if source is not None and store.node is not None:
+            fork_refs.register(streams, source.name, name, config.data_segment)
+            registered = True
         if messages:
             store.append(config.data_segment, b"".join(frame(m) for m in messages))
         if closed:
@@ -168,6 +174,10 @@ def _create_segments(
     except BaseException:
         with contextlib.suppress(SegstoreError):
             store.delete(config.data_segment)
+        if registered:
+            assert source is not None
+            with contextlib.suppress(SegstoreError):
+                fork_refs.release(streams, source.name, name, config.data_segment)
         raise
 
 

@@ -4,7 +4,9 @@ The meta segment is a log of framed JSON records: the configuration first
 (content type, TTL or expiry time, fork source and offset, data segment),
 then state changes: ``{"t": "seq", "seq", "generation"}`` for a
 ``Stream-Seq``, ``{"t": "closed_by", "producer", "epoch", "seq"}`` for the
-producer request that closed the stream, ``{"t": "soft_deleted"}``. The
+producer request that closed the stream, ``{"t": "soft_deleted"}``, and on
+a cluster ``{"t": "fork_ref" | "fork_unref", "fork", "data"}`` counting its
+forks (``fork_refs``). The
 last record of a kind wins. The stream exists while its meta segment has a
 configuration record.
 """
@@ -51,7 +53,8 @@ class Stream:
     seq_generation: int = 0  # how many appends carried a Stream-Seq (an attribute of the data segment)
     closed_by: tuple[str, int, int] | None = None
     soft_deleted: bool = False
-    forks: int = 0
+    forks: int = 0  # a single node's count of the forks it holds in memory
+    fork_refs: set[tuple[str, str]] = field(default_factory=set)  # a cluster's (``fork_refs``): (fork, data)
     last_access: float = field(default_factory=time.monotonic)
     # Looked up at each call: gevent patches ``threading`` after this module is imported
     # (gunicorn's config imports the engine), and an unpatched lock would block the worker.
@@ -121,4 +124,8 @@ def replay(name: str, records: list[dict[str, Any]]) -> tuple[Stream, dict[int, 
             stream.closed_by = (record["producer"], record["epoch"], record["seq"])
         elif kind == "soft_deleted":
             stream.soft_deleted = True
+        elif kind == "fork_ref":
+            stream.fork_refs.add((record["fork"], record["data"]))
+        elif kind == "fork_unref":
+            stream.fork_refs.discard((record["fork"], record["data"]))
     return stream, seqs

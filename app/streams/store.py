@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from app.streams import appends, creation, migration
+from app.streams import appends, creation, fork_refs, migration
 from app.streams.errors import StreamGone, StreamNotFound
 from app.streams.format import FRAME, format_offset, parse_offset, unframe
 from app.streams.names import (
@@ -85,6 +85,11 @@ class StreamStore:
             with self.lock:
                 if self.streams.get(stream.name) is stream and not stream.soft_deleted:
                     self.remove(stream)
+        if self.store.node is not None:  # soft-deleted streams whose last fork went meanwhile
+            with self.lock:
+                for stream in [s for s in self.streams.values() if s.soft_deleted]:
+                    if self.streams.get(stream.name) is stream:
+                        fork_refs.remove(self, stream)
         return [s.name for s in expired]
 
     def ensure_loaded(self) -> None:
@@ -203,6 +208,11 @@ class StreamStore:
         stream = self.streams.get(name)  # no lock: a create or delete in flight does not hold up others
         if stream is None:
             self._here(name)
+        if stream is not None and stream.soft_deleted and self.store.node is not None:
+            with self.lock:  # its last fork may have gone meanwhile, through another member
+                if self.streams.get(name) is stream:
+                    fork_refs.remove(self, stream)
+                return self.streams.get(name)
         if stream is None or stream.soft_deleted or not stream.expired():
             return stream
         with self.lock:
@@ -232,7 +242,7 @@ class StreamStore:
         """Stream ``name`` as a fork's source: here, or (cluster) read from the node serving it.
 
         One served elsewhere is replayed from its meta segment read through
-        that node; it is not kept, and its own node does not count the fork.
+        that node; it is not kept (the fork registers with it: ``fork_refs``).
         """
         with contextlib.suppress(ContainerNotReady):
             return self.find(name)
@@ -249,8 +259,12 @@ class StreamStore:
     def remove(self, stream: Stream) -> None:
         """Delete the stream (soft-delete while forks need it); a last fork takes its soft-deleted source.
 
-        Caller holds ``self.lock``.
+        Caller holds ``self.lock``. A cluster node counts forks in the source's meta segment
+        (``fork_refs``), since a fork may live on another member.
         """
+        if self.store.node is not None:
+            fork_refs.remove(self, stream)
+            return
         if stream.forks > 0:
             self.record(stream, {"t": "soft_deleted"})
             stream.soft_deleted = True
