@@ -21,7 +21,9 @@ import boto3
 import pytest
 import requests
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
+from app.s3.objects import object_name
 from app.streams.names import stream_meta_segment
 from bench.servers import ServerProcess, cluster_node_env, free_port
 from client.segment_client import SegmentClient
@@ -221,6 +223,33 @@ def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(no
         MultipartUpload={"Parts": [{"PartNumber": n + 1, "ETag": e} for n, e in enumerate(etags)]},
     )
     assert s3_client(node.url).get_object(Bucket="procs", Key="big")["Body"].read() == b"".join(parts)
+
+
+def test_an_upload_id_sent_with_a_key_another_process_serves_is_no_such_upload(node: ServerProcess) -> None:
+    """An upload's state lives in its object's container: with another key, wherever it lives, 404 not 503."""
+    by_owner = owners(node)
+    client = s3_client(node.url)
+    client.create_bucket(Bucket="ids")
+    upload = client.create_multipart_upload(Bucket="ids", Key="mine")["UploadId"]
+    home = by_owner[container_for(object_name("ids", "mine"), 4)]
+    other = next(
+        key for key in (f"other-{i}" for i in range(1000))
+        if by_owner[container_for(object_name("ids", key), 4)] != home
+    )
+    part = client.upload_part(Bucket="ids", Key="mine", UploadId=upload, PartNumber=1, Body=b"x")["ETag"]
+    for call in (
+        lambda: client.upload_part(Bucket="ids", Key=other, UploadId=upload, PartNumber=2, Body=b"y"),
+        lambda: client.list_parts(Bucket="ids", Key=other, UploadId=upload),
+        lambda: client.complete_multipart_upload(
+            Bucket="ids", Key=other, UploadId=upload,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part}]},
+        ),
+        lambda: client.abort_multipart_upload(Bucket="ids", Key=other, UploadId=upload),
+    ):
+        with pytest.raises(ClientError) as err:
+            call()
+        assert err.value.response["Error"]["Code"] == "NoSuchUpload"
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
 
 
 def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(node: ServerProcess) -> None:

@@ -139,14 +139,23 @@ def _no_such_upload() -> S3Error:
     return S3Error("NoSuchUpload", "The specified upload does not exist.")
 
 
-def _check_id(upload_id: str) -> None:
+def _check_id(store: SegmentStore, upload_id: str, bucket: str, key: str) -> None:
+    """NoSuchUpload for an id that is not an upload id, or not one of ``bucket``/``key``'s.
+
+    Every upload's state lives in its object's container (``objects.colocated``),
+    so an id whose state lives elsewhere belongs to another object: it is
+    refused here, without a read that would reach a container another member
+    serves (and answer 503 there).
+    """
     if len(upload_id) != 32 or not all(c in "0123456789abcdef" for c in upload_id):
+        raise _no_such_upload()
+    if store.container_of(parts_name(upload_id)) != store.container_of(objects.object_name(bucket, key)):
         raise _no_such_upload()
 
 
 def _check_header(store: SegmentStore, upload_id: str, bucket: str, key: str) -> dict:
     """The part log's first line if it names this object (one short read); NoSuchUpload otherwise."""
-    _check_id(upload_id)
+    _check_id(store, upload_id, bucket, key)
     try:
         first = store.read(parts_name(upload_id), 0, _HEADER_MAX_BYTES).data.split(b"\n", 1)[0]
     except SegmentNotFound:
@@ -163,7 +172,7 @@ def _check_names(header: dict, bucket: str, key: str) -> dict:
 
 def _records(store: SegmentStore, upload_id: str, bucket: str, key: str) -> list[dict]:
     """The part log's header, then its records; NoSuchUpload unless it is this object's upload."""
-    _check_id(upload_id)
+    _check_id(store, upload_id, bucket, key)
     data = bytearray()
     offset = None
     try:
@@ -282,7 +291,7 @@ def complete(
     numbers = [c.number for c in chosen]
     if numbers != sorted(set(numbers)):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
-    _check_id(upload_id)
+    _check_id(store, upload_id, bucket, key)
     done = _completed(store, upload_id, bucket, key)
     if done is not None:
         return done
