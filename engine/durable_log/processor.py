@@ -272,8 +272,10 @@ class OperationProcessor:
         """Validate a batch on top of those in flight and begin its Tier 1 write."""
         parent = self._batches[-1].updater if self._batches else None
         batch = _Batch(items, MetadataUpdater(self.metadata, parent))
-        if self._checkpoint_due():
-            assert parent is None, "a checkpoint snapshots the committed metadata: nothing may be in flight"
+        # A checkpoint snapshots the committed metadata, so it begins only with nothing in flight. One
+        # that fell due (by time) after _may_begin let this batch go goes with the next batch to begin
+        # alone: _may_begin holds new batches back while it is due and others are in flight.
+        if parent is None and self._checkpoint_due():
             items.insert(0, _Pending(ops.MetadataCheckpoint(), Completion(), time.monotonic()))
         for item in items:
             if isinstance(item.op, ops.MetadataCheckpoint):
