@@ -318,3 +318,30 @@ def test_small_appends_wait_for_half_a_write_s_latency_before_another_write(pipe
     pipelined.wal.gate.set()
     assert [f.result().logged for f in (first, small, big)] == [True, True, True]
     assert pipelined.store.info("s").length == 10 + (1 << 20)
+
+
+def test_a_checkpoint_falling_due_after_a_batch_was_let_begin_waits_for_one_that_begins_alone(
+    pipelined: Pipelined, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint due by time can turn due between the processor's check and its begin."""
+    pipelined.store.create("s")
+    proc = pipelined.container.durable_log.processor
+    due = {"now": False}
+    let_begin = proc._may_begin
+
+    def may_begin() -> bool:
+        allowed = let_begin()
+        if allowed and proc._batches:
+            due["now"] = True  # the checkpoint's seconds run out right after the check
+        return allowed
+
+    monkeypatch.setattr(proc, "_checkpoint_due", lambda: due["now"])
+    monkeypatch.setattr(proc, "_may_begin", may_begin)
+    pipelined.wal.gate.clear()
+    first = pipelined.add_in_flight(append("s", b"one"))
+    second = pipelined.add_in_flight(append("s", b"two"))
+    pipelined.wal.gate.set()
+    assert first.result().logged and second.result().logged
+    assert proc.failure is None
+    pipelined.store.append("s", b"three")  # begins alone: the checkpoint goes with it
+    assert pipelined.read_after_restart("s") == b"onetwothree"
