@@ -327,16 +327,15 @@ def test_a_checkpoint_falling_due_after_a_batch_was_let_begin_waits_for_one_that
     pipelined.store.create("s")
     proc = pipelined.container.durable_log.processor
     due = {"now": False}
-    let_begin = proc._may_begin
+    take = proc._take
 
-    def may_begin() -> bool:
-        allowed = let_begin()
-        if allowed and proc._batches:
-            due["now"] = True  # the checkpoint's seconds run out right after the check
-        return allowed
+    def take_then_fall_due() -> list[Any]:
+        if proc._batches:  # the second batch passed the check: the checkpoint's seconds run out now
+            due["now"] = True
+        return take()
 
     monkeypatch.setattr(proc, "_checkpoint_due", lambda: due["now"])
-    monkeypatch.setattr(proc, "_may_begin", may_begin)
+    monkeypatch.setattr(proc, "_take", take_then_fall_due)
     pipelined.wal.gate.clear()
     first = pipelined.add_in_flight(append("s", b"one"))
     second = pipelined.add_in_flight(append("s", b"two"))
