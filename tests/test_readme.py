@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from bench.servers import ROOT, ServerProcess, free_port
 from tests.processes import killed_at_exit
@@ -83,6 +84,22 @@ def _environment(server: ServerProcess) -> dict[str, str]:
     return kept | {"SEGSTORE_ENDPOINT": server.url}
 
 
+@pytest.fixture(scope="module")
+def history() -> list[str]:
+    """The blocks run so far on the module's server, in order: a failure names them."""
+    return []
+
+
+def _scopes_and_streams(server: ServerProcess) -> str:
+    """What the server holds of scopes and streams, for a failure's message."""
+    try:
+        scopes = requests.get(f"{server.url}/v1/scopes", timeout=5).json()["scopes"]
+        streams = {s: requests.get(f"{server.url}/v1/scopes/{s}/streams", timeout=5).json() for s in scopes}
+    except (requests.RequestException, ValueError, KeyError) as err:
+        return f"(not read: {err!r})"
+    return repr(streams)
+
+
 def _id(block: tuple[str, str]) -> str:
     return f"{block[0]}: {block[1].strip().splitlines()[0][:60]}"
 
@@ -90,7 +107,7 @@ def _id(block: tuple[str, str]) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", runnable(), ids=_id)
 def test_a_runnable_block_runs_as_written(
-    server: ServerProcess, ports: dict[str, str], scratch: Path, block: tuple[str, str]
+    server: ServerProcess, ports: dict[str, str], scratch: Path, history: list[str], block: tuple[str, str]
 ) -> None:
     lang, code = block
     code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{ports[m[2]]}", code).replace("/tmp/", f"{scratch}/")
@@ -100,6 +117,8 @@ def test_a_runnable_block_runs_as_written(
     done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (
         f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
-        f"the server's log:\n{server.log_tail(30)}"
+        f"the server's log:\n{server.log_tail(30)}\n"
+        f"blocks run before on this server: {history}\nits scopes and streams: {_scopes_and_streams(server)}"
     )
+    history.append(_id(block))
     assert server.proc is not None and server.proc.poll() is None, "the server died"
