@@ -84,10 +84,8 @@ def _environment(server: ServerProcess) -> dict[str, str]:
     return kept | {"SEGSTORE_ENDPOINT": server.url}
 
 
-@pytest.fixture(scope="module")
-def history() -> list[str]:
-    """The blocks run so far on the module's server, in order: a failure names them."""
-    return []
+# The blocks this process ran so far, in order, each with its server's port: a failure names them.
+_RAN: list[str] = []
 
 
 def _scopes_and_streams(server: ServerProcess) -> str:
@@ -107,7 +105,7 @@ def _id(block: tuple[str, str]) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", runnable(), ids=_id)
 def test_a_runnable_block_runs_as_written(
-    server: ServerProcess, ports: dict[str, str], scratch: Path, history: list[str], block: tuple[str, str]
+    server: ServerProcess, ports: dict[str, str], scratch: Path, block: tuple[str, str]
 ) -> None:
     lang, code = block
     code = _README_ADDRESS.sub(lambda m: f"{m[1]}:{ports[m[2]]}", code).replace("/tmp/", f"{scratch}/")
@@ -118,7 +116,8 @@ def test_a_runnable_block_runs_as_written(
     assert done.returncode == 0, (
         f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
         f"the server's log:\n{server.log_tail(30)}\n"
-        f"blocks run before on this server: {history}\nits scopes and streams: {_scopes_and_streams(server)}"
+        f"blocks run before (server port): {_RAN}\n"
+        f"the server's scopes and streams: {_scopes_and_streams(server)}"
     )
-    history.append(_id(block))
+    _RAN.append(f"{_id(block)} ({server.port})")
     assert server.proc is not None and server.proc.poll() is None, "the server died"
