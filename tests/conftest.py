@@ -53,12 +53,30 @@ def pytest_configure(config: pytest.Config) -> None:
     subprocess.Popen.__init__ = _watched_popen_init  # type: ignore[method-assign]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which names each item's group from these marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.process)
         if item.get_closest_marker("process") is not None:
             item.add_marker(pytest.mark.xdist_group(process_group(item)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run when xdist did not name the groups (``--dist loadgroup``).
+
+    A module's tests would be scattered over the workers, each starting the
+    module's servers, and the README's blocks would run out of order.
+    """
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    items = session.items
+    ungrouped = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {ungrouped[0]} (and {len(ungrouped) - 1} more): "
+            "is pytest newer than pyproject.toml allows?"
+        )
 
 
 def process_group(item: pytest.Item) -> str:
