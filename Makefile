@@ -58,10 +58,11 @@ browser-deps:
 console-screenshot: $(VENV)/.test browser-deps
 	$(BIN)/python -m bench.console docs/console.png
 
-# Two workers, each taking a whole module of the tests that start processes at a time
-# (tests/conftest.py); the slowest tests are named at the end, to keep the suite within 15 minutes.
+# Three workers on two cores (many tests wait on leases and timeouts more than they compute), each
+# taking a whole module of the tests that start processes at a time (tests/conftest.py); the slowest
+# tests are named at the end, to keep the suite within 15 minutes.
 test: lint browser-deps
-	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=25
 
 # The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
 test-fast: $(VENV)/.test

@@ -80,7 +80,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def process_group(item: pytest.Item) -> str:
-    """The xdist group of a test that starts processes (``pytest -n 2 --dist loadgroup``).
+    """The xdist group of a test that starts processes (``pytest -n 3 --dist loadgroup``).
 
     A module's tests form one group (they share module fixtures), which one
     worker runs in order; each worker takes the next group as it frees up,
