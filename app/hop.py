@@ -325,6 +325,29 @@ class _Connection:
         self.sock.close()
 
 
+def _send_body(conn: _Connection, body: Iterable[bytes]) -> Exception | None:
+    """Send ``body`` as data frames and its end (a broken body frame for a ``MalformedBody``).
+
+    An error reading ``body`` (the client's own connection) is returned, not
+    raised, so the caller tells it from the owner's failures: errors sending
+    to the owner are raised.
+    """
+    pieces = iter(body)
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration:
+            conn.sock.sendall(_END)
+            return None
+        except MalformedBody as broken:
+            conn.sock.sendall(broken_frame(broken.detail))
+            return None
+        except Exception as exc:  # any failure of the client's body is the client's
+            return exc
+        for data in data_frames(piece):
+            conn.sock.sendall(data)
+
+
 class HopClient:
     """A forwarder's connections to owners' sockets, kept open between requests."""
 
@@ -348,18 +371,12 @@ class HopClient:
         conn = self._connection(address)
         try:
             conn.sock.sendall(head.encode())
-            try:
-                for piece in body:
-                    for data in data_frames(piece):
-                        conn.sock.sendall(data)
-            except MalformedBody as broken:
-                conn.sock.sendall(broken_frame(broken.detail))
-            else:
-                conn.sock.sendall(_END)
-            kind, payload = expect_frame(conn.stream)
-            if kind != ANSWER:
-                raise FrameError(f"a {kind!r} frame where an answer head was due")
-            answer = AnswerHead.decode(payload)
+            body_error = _send_body(conn, body)
+            if body_error is None:
+                kind, payload = expect_frame(conn.stream)
+                if kind != ANSWER:
+                    raise FrameError(f"a {kind!r} frame where an answer head was due")
+                answer = AnswerHead.decode(payload)
         except TimeoutError as exc:
             conn.close()
             raise HopFailed(f"did not answer in {self.silence_s:g} s") from exc
@@ -369,6 +386,9 @@ class HopClient:
         except BaseException:
             conn.close()
             raise
+        if body_error is not None:  # the client's body failed, not the owner: its request is cut off
+            conn.close()
+            raise body_error
         return answer, self._pieces(address, conn)
 
     def close(self) -> None:

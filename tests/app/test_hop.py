@@ -232,6 +232,21 @@ def test_a_client_body_that_breaks_off_is_answered_by_the_owner_as_its_own(serve
     client.close()
 
 
+def test_a_client_body_that_fails_to_read_is_the_clients_error_not_the_owners(server: HopServer) -> None:
+    def hung_up() -> Iterator[bytes]:
+        yield b"par"
+        raise ConnectionResetError("the client hung up")
+
+    client = HopClient(connect_s=1, silence_s=5)
+    head = RequestHead({"REQUEST_METHOD": "POST", "PATH_INFO": "/p"})
+    with pytest.raises(ConnectionResetError):  # not HopFailed: the owner did not fail (no 502)
+        client.send(server.address, head, hung_up())
+    assert client._idle.get(server.address, []) == []  # the cut-off request's connection is dropped
+    answer, pieces = client.send(server.address, head, [b"next"])
+    assert answer.status == "200 OK" and b"".join(pieces) == b"got next"
+    client.close()
+
+
 def test_no_socket_is_refused_and_a_silent_owner_fails(tmp_path: Path) -> None:
     client = HopClient(connect_s=1, silence_s=0.3)
     head = RequestHead({"REQUEST_METHOD": "GET", "PATH_INFO": "/"})
