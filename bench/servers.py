@@ -26,6 +26,11 @@ from pathlib import Path
 
 import requests
 
+from engine.config import Settings
+
+# `make run`'s ``processes``: one per core (up to container_count; 1 with Tier 1 on S3).
+MAKE_RUN_PROCESSES = 0
+
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -77,14 +82,21 @@ class ServerProcess:
         port: int | None = None,
         env: dict[str, str] | None = None,
         app: str = "app:create_app()",
+        processes: int | None = None,
     ):
+        """``processes``: the server's processes (``SEGSTORE_PROCESSES``); ``MAKE_RUN_PROCESSES`` is
+        `make run`'s default, one per core; None: the environment's ``SEGSTORE_PROCESSES``, else 1 (a
+        test's server runs one process unless it says otherwise, so ``SEGSTORE_PROCESSES=2 make test``
+        runs every such server on two)."""
         self.data_dir = Path(data_dir)
         self.app = app
         self.port = port or free_port()
+        chosen = os.environ.get("SEGSTORE_PROCESSES", "1") if processes is None else str(processes)
         self.env = {
             **os.environ,
             "SEGSTORE_DATA_DIR": str(self.data_dir),
             "SEGSTORE_BIND": f"127.0.0.1:{self.port}",
+            "SEGSTORE_PROCESSES": chosen,
             **(env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -92,8 +104,15 @@ class ServerProcess:
 
     @property
     def processes(self) -> int:
-        """How many server processes serve the data folder (``SEGSTORE_PROCESSES``; 1 by default)."""
-        return int(self.env.get("SEGSTORE_PROCESSES", "1"))
+        """How many server processes serve the data folder, as gunicorn's configuration counts them."""
+        settings = Settings(
+            processes=int(self.env["SEGSTORE_PROCESSES"]),
+            container_count=int(self.env.get("SEGSTORE_CONTAINER_COUNT", Settings.container_count)),
+            tier1=self.env.get("SEGSTORE_TIER1", ""),
+            tier2=self.env.get("SEGSTORE_TIER2", ""),
+            node_id=self.env.get("SEGSTORE_NODE_ID", ""),
+        )
+        return settings.processes_to_start(os.cpu_count() or 1)
 
     @property
     def url(self) -> str:

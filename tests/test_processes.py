@@ -397,3 +397,22 @@ def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(no
     for name in (leaf, fork, source):
         assert requests.get(streams + name, timeout=10).status_code == 404, name
     assert requests.put(streams + source, headers=text, timeout=10).status_code == 201
+
+
+def test_a_data_folder_changes_hands_between_one_process_and_two_after_kill_9(tmp_path: Path) -> None:
+    """A folder one process served (before `processes` defaulted to one per core) serves on two, and back."""
+    env = {"SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "600000"}  # all in Tier 1
+    written: dict[str, bytes] = {name: b"" for name in SEGMENTS}
+    for processes in (1, 2, 1):
+        server = ServerProcess(tmp_path / "data", env=env, processes=processes).start()
+        try:
+            wait_until(lambda s=server: len(owners(s)) == 4 or s.processes == 1, 30, server)
+            for name in SEGMENTS:
+                assert requests.get(f"{server.url}/v1/segments/{name}", timeout=10).content == written[name]
+                if not written[name]:
+                    assert requests.put(f"{server.url}/v1/segments/{name}", timeout=10).status_code == 201
+                event = f"{name} on {processes};".encode()
+                assert requests.post(f"{server.url}/v1/segments/{name}", data=event, timeout=10).ok
+                written[name] += event
+        finally:
+            server.kill()
