@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,9 +112,12 @@ def check_in_folder(data: Path, settings: Settings) -> StoreRecord | None:
 
 
 def write_in_folder(data: Path, record: StoreRecord) -> None:
-    """Write the record (atomically, durably). A full disk leaves it to the next start."""
+    """Write the record (atomically, durably). A full disk leaves it to the next start.
+
+    The processes of a node may write it at once: each through a file of its own.
+    """
     path = data / STORE_RECORD_NAME
-    temp = path.with_suffix(".tmp")
+    temp = path.with_name(f"{path.stem}.{uuid.uuid4().hex}.tmp")
     try:
         with open(temp, "wb") as fh:
             fh.write(record.to_json())

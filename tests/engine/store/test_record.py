@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from engine import ContainerNotReady, Misconfigured, SegmentStore, Settings
 from engine.config import LOCAL_TIER1, LOCAL_TIER2
-from engine.store.record import StoreRecord, check_in_bucket, write_in_bucket
+from engine.store.record import StoreRecord, check_in_bucket, write_in_bucket, write_in_folder
 from engine.tier2.chunk_storage import ChunkHandle, ChunkStorageUnusable
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
@@ -130,3 +131,25 @@ def test_a_tier1_bucket_that_refuses_us_or_does_not_answer_is_a_one_line_refusal
     down.outage()
     with pytest.raises(ContainerNotReady, match="does not answer"):
         check_in_bucket(down, settings)
+
+
+def test_the_processes_of_a_node_write_the_record_at_once(tmp_path: Path) -> None:
+    """Each writer goes through a file of its own: none replaces another's half-written one, none fails."""
+    record = StoreRecord.for_settings(Settings(data_dir=str(tmp_path)))
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(20):
+                write_in_folder(tmp_path, record)
+        except BaseException as exc:
+            failures.append(exc)
+
+    writers = [threading.Thread(target=write) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert failures == []
+    assert StoreRecord.parse((tmp_path / "store.json").read_bytes(), "store.json") == record
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store.json"]
