@@ -408,8 +408,9 @@ def test_a_data_folder_changes_hands_between_one_process_and_two_after_kill_9(tm
         try:
             wait_until(lambda s=server: len(owners(s)) == 4 or s.processes == 1, 30, server)
             for name in SEGMENTS:
+                url = f"{server.url}/v1/segments/{name}"
                 if written[name]:
-                    assert requests.get(f"{server.url}/v1/segments/{name}", timeout=10).content == written[name]
+                    assert requests.get(url, timeout=10).content == written[name]
                 else:
                     assert requests.put(f"{server.url}/v1/segments/{name}", timeout=10).status_code == 201
                 event = f"{name} on {processes};".encode()
