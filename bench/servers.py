@@ -28,9 +28,6 @@ import requests
 
 from engine.config import Settings
 
-# `make run`'s ``processes``: one per core (up to container_count; 1 with Tier 1 on S3).
-MAKE_RUN_PROCESSES = 0
-
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -84,10 +81,9 @@ class ServerProcess:
         app: str = "app:create_app()",
         processes: int | None = None,
     ):
-        """``processes``: the server's processes (``SEGSTORE_PROCESSES``); ``MAKE_RUN_PROCESSES`` is
-        `make run`'s default, one per core; None: the environment's ``SEGSTORE_PROCESSES``, else 1 (a
-        test's server runs one process unless it says otherwise, so ``SEGSTORE_PROCESSES=2 make test``
-        runs every such server on two)."""
+        """``processes``: the server's processes (``SEGSTORE_PROCESSES``; 0: one per core); None: the
+        environment's ``SEGSTORE_PROCESSES``, else 1 (``SEGSTORE_PROCESSES=0 make test`` runs every
+        server a test does not pin on one process per core)."""
         self.data_dir = Path(data_dir)
         self.app = app
         self.port = port or free_port()

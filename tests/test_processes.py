@@ -400,7 +400,7 @@ def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(no
 
 
 def test_a_data_folder_changes_hands_between_one_process_and_two_after_kill_9(tmp_path: Path) -> None:
-    """A folder one process served (before `processes` defaulted to one per core) serves on two, and back."""
+    """A folder one process served serves on two (a node given more processes), and back on one."""
     env = {"SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "600000"}  # all in Tier 1
     written: dict[str, bytes] = {name: b"" for name in SEGMENTS}
     for processes in (1, 2, 1):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.servers import MAKE_RUN_PROCESSES, ROOT, ServerProcess, free_port
+from bench.servers import ROOT, ServerProcess, free_port
 from tests.processes import killed_at_exit
 
 README = ROOT / "README.md"
@@ -68,8 +68,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """What ``make run`` starts, on a data folder of its own."""
-    data = tmp_path_factory.mktemp("readme") / "data"
-    with killed_at_exit(ServerProcess(data, processes=MAKE_RUN_PROCESSES)) as running:
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("readme") / "data")) as running:
         yield running
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from bench.servers import MAKE_RUN_PROCESSES, ServerProcess
+from bench.servers import ServerProcess
 from tests.processes import killed_at_exit
 
 ACCESS_KEY = "AKIDSEGSTORETEST"
@@ -41,13 +42,15 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
     auth_file = root / "auth.toml"
     auth_file.write_text(AUTH_FILE)
     env = {
+        # Two processes, as `make run` serves one per core: a request's keys may span both.
+        "SEGSTORE_PROCESSES": os.environ.get("SEGSTORE_PROCESSES", "2"),
         "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY},{READER_KEY}:{READER_SECRET}",
         "SEGSTORE_AUTH_FILE": str(auth_file),
         "SEGSTORE_FLUSH_THRESHOLD_MS": "100",
         "AWS_CONFIG_FILE": "/nonexistent/aws-config",
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
     }
-    with killed_at_exit(ServerProcess(root / "data", env=env, processes=MAKE_RUN_PROCESSES)) as server:
+    with killed_at_exit(ServerProcess(root / "data", env=env)) as server:
         yield server
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.servers import MAKE_RUN_PROCESSES, ROOT, ServerProcess
+from bench.servers import ROOT, ServerProcess
 from tests.processes import killed_at_exit
 
 HERE = Path(__file__).resolve().parent / "conformance"
@@ -112,7 +112,7 @@ def results(reports: list[dict], status: str) -> list[dict]:
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
 @pytest.mark.process
 def test_conformance_suite(tmp_path: Path) -> None:
-    with killed_at_exit(ServerProcess(tmp_path / "data", processes=MAKE_RUN_PROCESSES)) as server:
+    with killed_at_exit(ServerProcess(tmp_path / "data")) as server:
         reports = run_suite(server.url, tmp_path / "vitest")
     failed = [
         f"{t['fullName']}: {(t['failureMessages'] or [''])[0][:300]}" for t in results(reports, "failed")
