@@ -26,7 +26,7 @@ from pathlib import Path
 
 import requests
 
-from engine.config import Settings
+from engine.config import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_AWS_ENV = {
@@ -101,14 +101,7 @@ class ServerProcess:
     @property
     def processes(self) -> int:
         """How many server processes serve the data folder, as gunicorn's configuration counts them."""
-        settings = Settings(
-            processes=int(self.env["SEGSTORE_PROCESSES"]),
-            container_count=int(self.env.get("SEGSTORE_CONTAINER_COUNT", Settings.container_count)),
-            tier1=self.env.get("SEGSTORE_TIER1", ""),
-            tier2=self.env.get("SEGSTORE_TIER2", ""),
-            node_id=self.env.get("SEGSTORE_NODE_ID", ""),
-        )
-        return settings.processes_to_start(os.cpu_count() or 1)
+        return load_settings(self.env).processes_to_start(os.cpu_count() or 1)
 
     @property
     def url(self) -> str:
