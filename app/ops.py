@@ -24,8 +24,8 @@ from prometheus_client import (
     Histogram,
 )
 
-from app import node_metrics
-from engine import SERVING_STATES, ContainerNotReady, SegmentStore
+from app import node_wide
+from engine import RECOVERED_STATES, SERVING_STATES, ContainerNotReady, SegmentStore
 
 bp = Blueprint("ops", __name__)
 
@@ -183,40 +183,38 @@ def install_request_metrics(app: Flask, registry: CollectorRegistry) -> None:
 @bp.get("/healthz")
 def healthz() -> tuple[Response, int]:
     """200 while every container this node runs serves; else 503. Both list each container's state."""
-    containers = [
-        {"id": cid, "state": state, **({"reason": reason} if reason else {})}
-        for cid, state, reason in _store().container_states()
-    ]
+    store = _store()
+    containers = node_wide.container_states(store, here=_here())
     # A cluster node may serve no container at a given moment (the others do) and still be well;
-    # a process of a node answers for the node: a container no process serves makes it unavailable.
-    clustered = _store().node is not None
+    # a node of processes answers as one: every container of the node, from the process serving it.
+    clustered = store.node is not None
     serving = (clustered or bool(containers)) and all(c["state"] in SERVING_STATES for c in containers)
-    serving = serving and not _unowned(_store())
     body = {"status": "ok" if serving else "unavailable", "containers": containers}
     return jsonify(body), 200 if serving else 503
 
 
-def _unowned(store: SegmentStore) -> list[int]:
-    """For a process of a node of several: the node's containers no process serves, as it last saw."""
-    node = store.node
-    if node is None or not store.settings.local_members:
-        return []
-    owners = node.view().owners
-    return [c for c in range(store.settings.container_count) if c not in owners]
-
-
 @bp.get("/readyz")
 def readyz() -> Response:
-    """200 once every container has recovered (a node of processes: has an owner); a 503 problem before."""
+    """200 once every container has recovered (a node of processes: each by its own); a 503 problem before."""
     store = _store()
-    if unowned := _unowned(store):
-        raise ContainerNotReady(f"containers {unowned} are not served by any process yet", retry_after_s=1.0)
+    if store.settings.local_members and not _here():
+        waiting = [c["id"] for c in node_wide.container_states(store, here=False)
+                   if c["state"] not in RECOVERED_STATES]
+        if waiting:
+            raise ContainerNotReady(f"containers {waiting} of the node have not recovered yet",
+                                    retry_after_s=1.0)
+        return jsonify({"status": "ready"})
     if not store.ready:
         failure = store.failure
         if failure is not None:
             raise ContainerNotReady(f"recovery failed, a restart is needed: {failure}")
         raise ContainerNotReady("containers are still recovering", retry_after_s=1.0)
     return jsonify({"status": "ready"})
+
+
+def _here() -> bool:
+    """Whether the request asks for the answering process alone (a node of several processes)."""
+    return bool(request.headers.get(node_wide.HERE))
 
 
 @bp.get("/v1/cluster", provide_automatic_options=False)
@@ -243,5 +241,5 @@ def cluster() -> Response:
 @bp.get("/metrics")
 def metrics() -> Response:
     """Prometheus text format: engine and HTTP metrics (a node's processes: all of them, labelled)."""
-    text = node_metrics.scrape(_store(), here=bool(request.headers.get(node_metrics.HERE)))
+    text = node_wide.scrape(_store(), here=_here())
     return Response(text, content_type=CONTENT_TYPE_LATEST)

@@ -8,18 +8,23 @@ The engine is built in the worker by ``create_app()`` (``preload_app`` stays
 off, so the arbiter never opens the data directory) and closed when the
 worker exits. SIGTERM drains requests for up to ``graceful_timeout`` seconds.
 
-A store that must not start is refused with one log line, and the worker
-exits with a status that stops the arbiter too instead of starting worker
-after worker: 3 for a misconfiguration (its record names another Tier 2,
-its Tier 2 refuses us), which a restart would only meet again; 4 when what
-it needs may come (another process still holds the folder, an S3 Tier 1
-does not answer), which a service manager may start again. The engine's
+A store that must not start is refused with one log line and an exit
+status: 3 for a misconfiguration (its record names another Tier 2, its
+Tier 2 refuses us), which a restart would only meet again; 4 when what it
+needs may come (another server holds the folder, an S3 Tier 1 does not
+answer), which a service manager may start again. The arbiter runs the
+store's early checks before it starts a worker, so one line says it however
+many workers the server runs; what only a worker meets (an S3 Tier 1 that
+answers late) exits that worker with the status, which stops the arbiter too
+instead of starting worker after worker. The engine's
 and the app's log lines go where gunicorn's own go, in its format.
 """
 
 import errno
 import logging
 import os
+import select
+import signal
 import socket
 import sys
 
@@ -29,6 +34,8 @@ from engine import SegstoreError, StoreLocked, Throttled
 # Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
 MISCONFIGURED = 3
 NOT_YET = 4
+# The longest the arbiter waits for the store's early checks before it starts the workers anyway.
+PREFLIGHT_S = 15.0
 
 
 def unauthenticated_bind_refusal(settings: HttpSettings) -> str | None:
@@ -94,10 +101,12 @@ def bind_in_use(bind: str) -> bool:
 
 
 def on_starting(server):
-    """Refuse at once, in one line that says what to do, a bind another process holds.
+    """Refuse at once, in one line that says what to do, a bind another process holds, or a store
+    that must not start (before any worker boots, however many the server runs).
 
-    gunicorn would retry it five times and exit with "Connection in use". A
-    restart that inherits its sockets (systemd, gunicorn's USR2) is not checked.
+    gunicorn would retry a bind in use five times and exit with "Connection in
+    use". A restart that inherits its sockets (systemd, gunicorn's USR2) is
+    not checked: the server it replaces holds both still.
     """
     if "LISTEN_FDS" in os.environ or "GUNICORN_FD" in os.environ:
         return
@@ -106,6 +115,53 @@ def on_starting(server):
             f"segstore will not start: {_settings.bind} is in use (another server? stop it, "
             "or set SEGSTORE_BIND to another host:port)"
         )
+    refused = preflight_refusal()
+    if refused is not None:
+        why, status = refused
+        server.log.error("segstore cannot start: %s", why)
+        sys.stderr.flush()
+        sys.exit(status)
+
+
+def refusal_status(exc):
+    """The exit status of a refused start: ``NOT_YET`` if what it needs may come, else ``MISCONFIGURED``."""
+    return NOT_YET if isinstance(exc, StoreLocked | Throttled) else MISCONFIGURED
+
+
+def preflight_refusal():
+    """The store's early checks (engine/store/preflight.py): (why, status) if it must not start, else None.
+
+    They run in a child process: S3's client must not be loaded in the arbiter,
+    whose workers patch ssl and sockets for gevent only after they fork. A
+    check that fails otherwise, or takes longer than ``PREFLIGHT_S``, lets the
+    start go on: each worker checks again, and waits out an outage.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        status, why = 0, b""
+        try:
+            from engine.store import preflight
+
+            preflight.check(_engine_settings)
+        except SegstoreError as exc:
+            status, why = refusal_status(exc), exc.detail.encode()
+        except BaseException:  # not a refusal: the workers meet it, and say what it is
+            pass
+        os.write(write_end, why)
+        os._exit(status)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], PREFLIGHT_S)
+        why = os.read(read_end, 65536).decode(errors="replace") if ready else ""
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        _, wait_status = os.waitpid(pid, 0)
+    finally:
+        os.close(read_end)
+    status = os.waitstatus_to_exitcode(wait_status)
+    return (why, status) if status in (MISCONFIGURED, NOT_YET) and why else None
 
 
 def post_fork(server, worker):
@@ -121,8 +177,7 @@ def post_fork(server, worker):
         try:
             load_wsgi()
         except SegstoreError as exc:  # a refused start: no traceback, and no worker after this one
-            may_pass = isinstance(exc, StoreLocked | Throttled)
-            refuse(worker, exc.detail, NOT_YET if may_pass else MISCONFIGURED)
+            refuse(worker, exc.detail, refusal_status(exc))
 
     worker.load_wsgi = load_or_refuse
 
@@ -136,8 +191,6 @@ def refuse(worker, why, status):
 
 def post_worker_init(worker):
     """On SIGTERM, end parked tails at once; exit if a container finds the store misconfigured."""
-    import signal
-
     import gevent
 
     handle_exit = worker.handle_exit

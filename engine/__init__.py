@@ -20,6 +20,8 @@ from engine.container.composite import (
     TruncateStep,
     UpdateAttributesStep,
 )
+from engine.container.state import RECOVERED as RECOVERED_STATES
+from engine.container.state import RECOVERING
 from engine.container.state import SERVING as SERVING_STATES
 from engine.errors import (
     BadOffset,
@@ -58,6 +60,8 @@ __all__ = [
     "ATTRIBUTES_PER_REQUEST_MAX",
     "PEER_PATH",
     "PEER_SECRET_HEADER",
+    "RECOVERED_STATES",
+    "RECOVERING",
     "SERVING_STATES",
     "AppendResult",
     "AppendStep",

@@ -205,6 +205,8 @@ def is_transaction(name: str) -> bool:
 
 # The store record (engine/store/record.py): in the data folder, or beside an S3 Tier 1's log.
 STORE_RECORD_NAME = "store.json"
+# The data folder's lock: one server's, held by its one process or shared by its processes.
+FOLDER_LOCK_NAME = "LOCK"
 
 
 def tier1_dir(data_dir: Path, container_id: int) -> Path:

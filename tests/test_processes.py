@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import boto3
@@ -157,8 +158,38 @@ def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerP
             assert f'segstore_cluster_leases_held{{process="{member}"}} 2.0' in text
         health = requests.get(f"{url}/healthz", timeout=10)
         assert health.status_code == 200, health.text
-    alone = requests.get(f"{node.url}/metrics", headers={"Segstore-Metrics-Here": "1"}, timeout=10).text
+        containers = health.json()["containers"]  # every container of the node, from its process
+        assert [c["id"] for c in containers] == [0, 1, 2, 3], containers
+        assert {c["process"]: c["state"] for c in containers} == {"p0": "running", "p1": "running"}
+        assert requests.get(f"{url}/readyz", timeout=10).status_code == 200
+    here = {"Segstore-Process-Here": "1"}
+    alone = requests.get(f"{node.url}/metrics", headers=here, timeout=10).text
     assert alone.count("segstore_cluster_leases_held 2.0") == 1 and 'process="' not in alone
+    for member, url in members(node).items():  # each process's own containers
+        own = requests.get(f"{url}/healthz", headers=here, timeout=10).json()["containers"]
+        assert sorted(c["id"] for c in own) == sorted(c for c, o in owners(node).items() if o == member)
+
+
+def test_a_node_whose_process_is_paused_is_not_healthy_until_its_containers_serve_again(
+    node: ServerProcess,
+) -> None:
+    urls = members(node)
+    survivor, stopped = sorted(urls)
+    lost = {c for c, o in owners(node).items() if o == stopped}
+    pid = pid_of(node, stopped)
+    os.kill(pid, signal.SIGSTOP)  # it answers nothing: the node does not serve its containers
+    try:
+        with ThreadPoolExecutor(2) as pool:  # both asked while its leases still run
+            health, ready = pool.map(lambda path: requests.get(f"{urls[survivor]}{path}", timeout=30),
+                                     ["/healthz", "/readyz"])
+        assert health.status_code == 503 and ready.status_code == 503, (health.text, ready.text)
+        assert {c["id"] for c in health.json()["containers"] if c["state"] != "running"} >= lost
+        # Its leases run out, the survivor takes its containers: the node is well again.
+        wait_until(lambda: requests.get(f"{urls[survivor]}/readyz", timeout=30).status_code == 200, 30, node)
+        health = requests.get(f"{urls[survivor]}/healthz", timeout=30)
+        assert health.status_code == 200 and {c["process"] for c in health.json()["containers"]} == {survivor}
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def forwarded(server: ServerProcess) -> float:

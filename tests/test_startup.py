@@ -1,7 +1,7 @@
 """Start-up as an operator sees it, on real server processes (gunicorn arbiter and gevent worker).
 
 A store that must not start says why in one line and the whole server exits
-non-zero, with no traceback and no worker started again: a data folder
+non-zero, with no traceback and no worker started, however many it would run: a data folder
 opened with another Tier 2 than it was created with (the README's own order,
 `make run` then the moto example on the same folder), a bucket that does not
 exist, credentials S3 refuses. A start that works names the data folder,
@@ -47,7 +47,8 @@ def assert_one_line_refusal(log: str, *words: str) -> None:
     assert len(lines) == 1, log
     for word in words:
         assert word in lines[0], lines[0]
-    assert log.count("Booting worker") == 1, "a refused start must not start another worker"
+    # Found before any worker boots, so said once whatever the worker count (``processes``).
+    assert "Booting worker" not in log, "a refused start starts no worker"
 
 
 @pytest.fixture
@@ -71,8 +72,12 @@ def test_the_readme_order_is_refused_in_one_line(tmp_path: Path, moto_env: dict[
         assert requests.get(server.url + "/v1/segments/kept", timeout=10).content == b"bytes"
 
 
-def test_a_missing_bucket_is_refused_in_one_line(tmp_path: Path, moto_env: dict[str, str]) -> None:
-    env = {**moto_env, "SEGSTORE_TIER2": "s3://no-such-bucket-here/data"}
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_missing_bucket_is_refused_in_one_line(
+    tmp_path: Path, moto_env: dict[str, str], processes: int
+) -> None:
+    env = {**moto_env, "SEGSTORE_TIER2": "s3://no-such-bucket-here/data",
+           "SEGSTORE_PROCESSES": str(processes)}
     status, log = refused_start(tmp_path / "data", env)
     assert status == REFUSED_EXIT
     assert_one_line_refusal(log, "s3://no-such-bucket-here/data/", "NoSuchBucket")
@@ -90,10 +95,11 @@ def test_refused_credentials_are_refused_in_one_line(tmp_path: Path, monkeypatch
     assert_one_line_refusal(log, "s3://segs/data/", "cannot be used")
 
 
-def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path, processes: int) -> None:
     data = tmp_path / "data"
-    with ServerProcess(data):
-        status, log = refused_start(data, {})
+    with ServerProcess(data, processes=processes):  # a server of one process, or of several
+        status, log = refused_start(data, {"SEGSTORE_PROCESSES": str(processes)})
     assert status == LATER_EXIT
     assert_one_line_refusal(log, "owns the data directory " + str(data.resolve()))
     assert re.search(r"another process \(pid [0-9]+\)", log)
@@ -101,7 +107,7 @@ def test_a_locked_data_folder_is_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    server = ServerProcess(data, env={"SEGSTORE_ACCESS_LOG": "1"})
+    server = ServerProcess(data, env={"SEGSTORE_ACCESS_LOG": "1"}, processes=1)
     with server:
         assert requests.put(server.url + "/v1/segments/a/b", timeout=10).status_code == 201
         metrics = requests.get(server.url + "/metrics", timeout=10).text
@@ -116,6 +122,22 @@ def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
     for container in range(4):
         assert f"{container}: " in line.partition("recovered in")[2], line
     assert '"PUT /v1/segments/a/b HTTP/1.1" 201' in log, log
+
+
+def test_a_node_of_processes_says_its_start_up_line_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = ServerProcess(data, processes=2)
+    with server:
+        pass
+    log = server.log_path.read_text()
+    started = [line for line in log.splitlines() if "segstore store: data folder" in line]
+    assert len(started) == 1, log
+    line = started[0]
+    folder = data.absolute()
+    assert f"data folder {folder}, Tier 1 {folder}/tier1, Tier 2 {folder}/tier2;" in line, line
+    parts = line.partition("containers served by 2 processes: ")[2].split(", ")
+    served = dict(part.split(": ") for part in parts)
+    assert sorted(served) == ["0", "1", "2", "3"] and set(served.values()) == {"p0", "p1"}, line
 
 
 def test_without_the_setting_there_is_no_access_log(tmp_path: Path) -> None:

@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING
 
 from engine.blocking import run_blocking
 from engine.errors import StoreLocked
-from engine.naming import node_prefix, parse_node_register_name
+from engine.naming import FOLDER_LOCK_NAME, node_prefix, parse_node_register_name
 
 if TYPE_CHECKING:  # registers.py imports boto3, which gunicorn's arbiter must not load (see tiers.py)
     from engine.cluster.registers import Registers
 
 SLOTS = "processes"
 REGISTERS = "cluster"
-_LOCK_FILE = "LOCK"
 _MEMBER_PREFIX = "p"
 # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (and padding to 32 bytes).
 _FLOCK = "hhqqi4x"
@@ -108,7 +107,7 @@ class ProcessSlot:
     def _share_folder(self) -> None:
         """Hold ``LOCK`` shared; the first process of a server writes the server's pid into it."""
         server = os.getppid()
-        fd = os.open(self.data / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.data / FOLDER_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -22,3 +22,5 @@ STOPPED = "stopped"
 
 STATES = (RECOVERING, READ_ONLY, RUNNING, DEGRADED, THROTTLED, FAILED, STOPPED)
 SERVING = frozenset({RUNNING, DEGRADED})
+# Past recovery and taking writes (some answer 503 while throttled): what a ready server's containers are.
+RECOVERED = frozenset({RUNNING, DEGRADED, THROTTLED})

@@ -17,17 +17,49 @@ import fcntl
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from engine.blocking import run_blocking
 from engine.cluster.processes import ProcessSlot
 from engine.config import Settings
 from engine.errors import StoreLocked
+from engine.naming import FOLDER_LOCK_NAME
 from engine.store import record as store_record
 from engine.tier2.chunk_storage import ChunkStorage, ChunkStorageError
 
 log = logging.getLogger(__name__)
 
-_LOCK_FILE = "LOCK"
+
+
+def locked(data: Path, holder: str) -> StoreLocked:
+    """The refusal of a start on a folder another server holds (``holder``: its pid, as it wrote it)."""
+    return StoreLocked(
+        f"another process (pid {holder}) owns the data directory {data}: stop it, "
+        "or set SEGSTORE_DATA_DIR to another folder"
+    )
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+
+
+def check_unlocked(data: Path) -> None:
+    """``StoreLocked`` if a server holds ``data`` now (one process or several); nothing is taken.
+
+    Blocking disk I/O. A start's early check only: the lock is taken when the store opens.
+    """
+    try:
+        fd = os.open(data / FOLDER_LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise locked(data, _holder(fd)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class DataFolder:
@@ -63,16 +95,13 @@ class DataFolder:
     def _lock_and_check(self) -> None:
         data = self.settings.data_path.resolve()
         data.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(data / FOLDER_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
-            raise StoreLocked(
-                f"another process (pid {holder}) owns the data directory {data}: stop it, "
-                "or set SEGSTORE_DATA_DIR to another folder"
-            ) from None
+            raise locked(data, holder) from None
         # The holder's pid, for the message above (the lock itself is the flock, dropped on exit).
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

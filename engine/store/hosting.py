@@ -134,6 +134,8 @@ class ContainerHosting:
         else:
             self._node.start()
         log.info("segstore node %s (%s) joined the cluster in %s", node_id, s.node_url, where)
+        if slot is not None and slot.slot == 0 and s.tier1_s3 is None:  # a node of processes: one line
+            threading.Thread(target=self._announce_processes, name="start-up", daemon=True).start()
 
     def _host(self, container_id: int) -> None:
         """Start serving a container this node won (its recovery fences the previous owner)."""
@@ -210,18 +212,38 @@ class ContainerHosting:
             return  # the server refuses to start, and says why (or it is stopping already)
         if self.ready:
             self._folder.write_record()
-        s = self.settings
         recoveries = ", ".join(
             f"{c.container_id}: {c.recovery_s:.2f}s" if c.failure is None else f"{c.container_id}: failed"
             for c in self._containers
         )
-        log.info(
-            "segstore store: data folder %s, Tier 1 %s, Tier 2 %s; containers recovered in %s",
-            s.data_path.absolute(),
-            store_record.shown(tier1_location(s), s),
-            store_record.shown(tier2_location(s), s),
-            recoveries,
+        log.info("segstore store: %s; containers recovered in %s", self._where(), recoveries)
+
+    def _where(self) -> str:
+        """The data folder and both tiers, for the start-up line."""
+        s = self.settings
+        return (
+            f"data folder {s.data_path.absolute()}, Tier 1 {store_record.shown(tier1_location(s), s)}, "
+            f"Tier 2 {store_record.shown(tier2_location(s), s)}"
         )
+
+    def _announce_processes(self) -> None:
+        """The first process of a node of several: once each container has one, a line naming them.
+
+        The node's own start-up line (as ``_announce`` for one process), said
+        once however many processes the node runs; each recovery's time is on
+        the line of the process that ran it.
+        """
+        s, node = self.settings, self._node
+        assert node is not None
+        deadline = time.monotonic() + 10 * s.lease_s
+        while not self._closed and time.monotonic() < deadline:
+            owners = node.view().owners
+            if all(c in owners for c in range(s.container_count)):
+                served = ", ".join(f"{c}: {owners[c]}" for c in range(s.container_count))
+                log.info("segstore store: %s; containers served by %d processes: %s",
+                         self._where(), s.processes, served)
+                return
+            time.sleep(0.1)
 
     def refusal(self) -> str | None:
         """Why this store must not serve at all (a misconfiguration a container met), or None."""
