@@ -52,8 +52,8 @@ class Settings:
     # Server processes over one data folder, splitting the containers by leases (docs/design.md
     # "Processes per node"); 1: one process (no leases with local Tier 1); 0: where the server starts
     # its processes (gunicorn, `make run`), one per core up to container_count with local Tier 1, else 1.
-    # One by default until the whole test suite runs on several (README "One node, several processes").
-    processes: int = 1
+    # Elsewhere (an engine in a test or a tool) 0 is one process.
+    processes: int = 0
     # Tier 2 location: a folder (default: <data_dir>/tier2) or s3://bucket/prefix.
     tier2: str = ""
     # S3 endpoint for non-AWS services (MinIO, moto, ...); credentials come from AWS_* variables.

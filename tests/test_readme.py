@@ -67,8 +67,8 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """What ``make run`` starts, on a data folder of its own."""
-    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("readme") / "data")) as running:
+    """What ``make run`` starts (one process per core), on a data folder of its own."""
+    with killed_at_exit(ServerProcess(tmp_path_factory.mktemp("readme") / "data", processes=0)) as running:
         yield running
 
 

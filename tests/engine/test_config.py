@@ -205,8 +205,9 @@ def test_a_size_in_another_form_is_refused_with_the_expected_form(raw: str) -> N
 
 
 def test_processes_0_is_one_per_core_up_to_the_containers_with_local_tier1() -> None:
-    assert Settings().processes == 1
-    assert Settings().processes_to_start(64) == 1
+    assert Settings().processes == 0  # the default: one per core
+    assert Settings().processes_to_start(64) == 4
+    assert Settings(processes=1).processes_to_start(64) == 1
     assert Settings(processes=0).processes_to_start(2) == 2
     assert Settings(processes=0).processes_to_start(64) == 4  # no process without a container
     s3 = Settings(processes=0, tier1="s3://b/t1", tier2="s3://b/t2")

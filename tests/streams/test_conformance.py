@@ -112,7 +112,7 @@ def results(reports: list[dict], status: str) -> list[dict]:
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
 @pytest.mark.process
 def test_conformance_suite(tmp_path: Path) -> None:
-    with killed_at_exit(ServerProcess(tmp_path / "data")) as server:
+    with killed_at_exit(ServerProcess(tmp_path / "data", processes=0)) as server:  # as `make run` starts it
         reports = run_suite(server.url, tmp_path / "vitest")
     failed = [
         f"{t['fullName']}: {(t['failureMessages'] or [''])[0][:300]}" for t in results(reports, "failed")
