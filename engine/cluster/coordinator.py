@@ -129,6 +129,7 @@ class Coordinator:
         self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
         self._lock = threading.RLock()  # one round (or leave) at a time
         self._wake = threading.Event()  # set: run a round now
+        self._draining = False  # set: the node is stopping, and claims nothing more
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self._writers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"renewals-{node_id}")
         self.secret = ""  # the cluster's peer secret, known once joined
@@ -229,6 +230,14 @@ class Coordinator:
                 continue  # another node wrote it first: read what it wrote
         self.secret = record.secret
         self._beat()
+
+    def drain(self) -> None:
+        """The node is stopping: claim nothing from now on (what it holds it hands over as it leaves).
+
+        The processes of a node stop together: without this, one would claim
+        the containers another just handed over, only to stop them in turn.
+        """
+        self._draining = True
 
     def leave(self) -> None:
         """Hand every container over cleanly and mark this node as leaving."""
@@ -414,7 +423,7 @@ class Coordinator:
         )
         for container in step.release:
             self._release(container)
-        for container in step.claim:
+        for container in () if self._draining else step.claim:
             self._claim(container, seen.leases.get(container))
         # The view after this round's own moves, so it agrees with what this node serves.
         after = {c: owner for c, owner in owners.items() if owner != self.node_id}

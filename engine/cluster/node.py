@@ -103,6 +103,10 @@ class ClusterNode:
                                         name="cluster", daemon=True)
         self._thread.start()
 
+    def drain(self) -> None:
+        """The node is stopping: it claims no container from now on."""
+        self.coordinator.drain()
+
     def stop(self, *, hand_over: bool = True) -> None:
         """Stop the rounds; hand every container over cleanly unless told not to."""
         self._stop.set()

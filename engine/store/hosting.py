@@ -292,9 +292,12 @@ class ContainerHosting:
     def drain(self) -> None:
         """Shutdown has begun: waiting tail reads return now and new ones do not wait.
 
-        Appends and plain reads still work until ``close``.
+        Appends and plain reads still work until ``close``; a cluster node (or
+        process) claims no container any more.
         """
         self._draining = True
+        if self._node is not None:
+            self._node.drain()
         for container in self._containers:
             container.drain()
 

@@ -323,6 +323,22 @@ def test_a_node_that_leaves_hands_everything_over_at_once() -> None:
     assert cluster.owned_once_by(["b"])
 
 
+def test_nodes_stopping_together_do_not_claim_what_the_other_hands_over() -> None:
+    """The processes of a node get SIGTERM at once: each drains, then leaves; none takes the other's."""
+    cluster = Cluster(4)
+    for node in ("a", "b"):
+        cluster.add(node)
+    cluster.rounds(8)
+    kept = cluster.held()["b"]
+    for node in ("a", "b"):
+        cluster.nodes[node].drain()
+    cluster.nodes["a"].leave()
+    cluster.rounds(3, ["b"])
+    assert cluster.held()["b"] == kept, "a draining node claimed a container"
+    cluster.nodes["b"].leave()
+    assert cluster.held() == {"a": [], "b": []}
+
+
 def test_a_node_with_another_container_count_is_refused() -> None:
     cluster = Cluster(4)
     cluster.add("a")
