@@ -82,6 +82,7 @@ class DataFolder:
                 if s.tier1_s3 is None:
                     data = s.data_path.resolve()
                     self._record_to_write = run_blocking(store_record.check_in_folder, data, s)
+                    run_blocking(store_record.sweep_temporaries, data)
                 else:
                     self._record_to_write = store_record.check_in_bucket(self._tier1_objects(), s)
             except BaseException:
@@ -107,6 +108,7 @@ class DataFolder:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._record_to_write = store_record.check_in_folder(data, self.settings)
+            store_record.sweep_temporaries(data)
         except BaseException:
             os.close(fd)
             raise

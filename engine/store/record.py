@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,6 +132,23 @@ def write_in_folder(data: Path, record: StoreRecord) -> None:
             temp.unlink()
         log.warning("data folder %s: the store record is not written (%s); the next start writes it",
                     data, exc)
+
+
+# A temporary record file older than this is a crashed write's (a write takes milliseconds).
+_STALE_TEMPORARY_S = 60.0
+
+
+def sweep_temporaries(data: Path) -> None:
+    """Remove the temporary files of record writes a crash cut short (``write_in_folder``).
+
+    Blocking disk I/O. Another process of the node may be writing one now: only old ones go.
+    """
+    path = data / STORE_RECORD_NAME
+    for temp in data.glob(f"{path.stem}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - temp.stat().st_mtime > _STALE_TEMPORARY_S:
+                temp.unlink()
+                log.info("data folder %s: %s removed (a record write a crash cut short)", data, temp.name)
 
 
 def check_in_bucket(storage: ChunkStorage, settings: Settings) -> StoreRecord | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,13 @@ def test_the_processes_of_a_node_write_the_record_at_once(tmp_path: Path) -> Non
     assert failures == []
     assert StoreRecord.parse((tmp_path / "store.json").read_bytes(), "store.json") == record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store.json"]
+
+
+def test_a_start_removes_the_temporary_record_a_crash_left_and_keeps_a_fresh_one(tmp_path: Path) -> None:
+    started(small_settings(tmp_path, container_count=2)).close()
+    crashed, writing = tmp_path / "store.0123abcd.tmp", tmp_path / "store.4567ef01.tmp"
+    crashed.write_bytes(b"{")
+    writing.write_bytes(b"{")
+    os.utime(crashed, (time.time() - 3600, time.time() - 3600))  # a crash an hour ago
+    started(small_settings(tmp_path, container_count=2)).close()
+    assert not crashed.exists() and writing.exists()  # another process may be writing that one now
