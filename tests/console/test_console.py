@@ -69,8 +69,12 @@ def _shot(driver: Any, tmp_path: Path, name: str) -> None:
 
 
 def _rows(driver: Any, table: str) -> list[list[str]]:
-    return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
+    """The table's cells, read at once in the page: a view that refreshes itself replaces its rows."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]),"
+        " tr => Array.from(tr.querySelectorAll('td'), td => td.innerText.trim()))",
+        f"#{table} tbody tr",
+    )
 
 
 def _no_script_ran(driver: Any, expected: tuple[str, ...] = ("404",)) -> None:
