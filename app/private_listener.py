@@ -42,6 +42,14 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
             environ["RAW_URI"] = self.path  # the path and query as sent, which forwarding passes on
             return environ
 
-    server = WSGIServer(sock, app, handler_class=_Handler, log=None)
+    class _Server(WSGIServer):
+        def handle(self, conn: socket.socket, address: Any) -> None:
+            # As gunicorn does on the public port: an event stream's small writes go out at once,
+            # not held by Nagle's algorithm until the reader's delayed ACK (up to 40 ms a write).
+            if conn.family != socket.AF_UNIX:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            super().handle(conn, address)
+
+    server = _Server(sock, app, handler_class=_Handler, log=None)
     server.start()
     return server
