@@ -380,6 +380,8 @@ def test_a_stream_fork_names_the_sources_objects_and_outlives_its_source(
     """Forking flushed bytes writes no object; deleting the source keeps them; the last delete frees them."""
     data_dir = tmp_path / "data"
     env = s3_env(moto_endpoint, s3_bucket, flush_threshold_ms=50, defrag_min_chunks=1000)
+    # One process: a fork whose source another process serves copies the bytes (README's "Limits").
+    env["SEGSTORE_PROCESSES"] = "1"
     rng = random.Random(4)
     with running(data_dir, env) as server:
         client = Client(server.url)
