@@ -73,6 +73,8 @@ class ContainerHosting:
         self._hosting = threading.Lock()  # a container's start (rounds) against another's stop (stops)
         self._hosted = 0
         self._started = threading.Event()
+        self._refused = threading.Event()  # a container this node hosted found the store misconfigured
+        self._refusal: str | None = None
         self._announcer: threading.Thread | None = None
         self._folder = DataFolder(settings, self._tiers.tier1_objects)
         self._closed = False
@@ -162,6 +164,9 @@ class ContainerHosting:
         instead of at their next round.
         """
         container.wait_started()
+        if container.misconfigured is not None:  # the node cannot serve any container: it stops
+            self._refusal = self._refusal or container.misconfigured
+            self._refused.set()
         if container.ready:
             self._cluster_metrics.takeover_seconds.observe(time.monotonic() - claimed_at)
             if self._wide is not None:
@@ -250,14 +255,19 @@ class ContainerHosting:
         for container in self._containers:
             if container.misconfigured is not None:
                 return container.misconfigured
-        return None
+        return self._refusal
 
     def wait_refusal(self) -> str | None:
         """Block until every container is past start-up; then ``refusal()``.
 
-        The server's process waits on this and exits when it says why.
+        A cluster node (or a process of a node) runs containers as it claims
+        them: it waits until one it hosts finds the store misconfigured, for
+        as long as it runs. The server's process waits on this and exits when
+        it says why.
         """
         self._started.wait()
+        if self._node is not None:
+            self._refused.wait()
         for container in self._containers:
             container.wait_started()
         return self.refusal()

@@ -9,11 +9,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from engine import SegmentStore, Settings
 from engine.cluster.coordinator import Coordinator
 from engine.cluster.processes import ProcessSlot, member_id, slot_free
 from engine.cluster.registers import MemoryRegisters
@@ -153,3 +155,24 @@ def test_a_process_waits_for_its_siblings_before_its_first_round(tmp_path: Path)
     finally:
         sibling.kill()
         sibling.join(30)
+
+
+def test_a_process_whose_container_finds_tier2_refusing_us_says_why(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """As one process does, a process of a node gives the refusal its server exits with, not a retry."""
+    settings = Settings(
+        data_dir=str(tmp_path), processes=2, container_count=2, lease_s=1.0,
+        tier2="s3://no-such-bucket-here/data", s3_endpoint=moto_endpoint,
+    )
+    store = SegmentStore(settings)
+    store.start()
+    try:
+        refused: list[str | None] = []
+        waiter = threading.Thread(target=lambda: refused.append(store.wait_refusal()), daemon=True)
+        waiter.start()
+        waiter.join(30)
+        assert refused and refused[0] is not None, "no refusal"
+        assert "NoSuchBucket" in refused[0] and "cannot be used" in refused[0]
+    finally:
+        store.close()
