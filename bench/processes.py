@@ -39,6 +39,7 @@ from bench.common import Spread, create_segment, progress, run_in_workdir
 from bench.events import segstore_latency
 from bench.load import LoadResult, LoadSpec, run_load
 from bench.servers import ServerProcess
+from engine import container_for
 
 CONNECTIONS = 64
 SEGMENTS = 16
@@ -60,13 +61,20 @@ def _server(workdir: Path, config: str) -> ServerProcess:
 
 
 def owner_ports(server: ServerProcess, segments: Sequence[str]) -> tuple[int, ...]:
-    """The port of each segment's owning process, from ``Segment-Owner`` (the public port if none)."""
+    """The port of each segment's owning process, as an owner-aware client finds it.
+
+    ``Segment-Owner`` names the owning member; ``GET /v1/cluster`` gives its URL
+    (as ``SegmentClient`` does). The public port where no process serves it.
+    """
+    found = requests.get(f"{server.url}/v1/cluster", timeout=10)
+    found.raise_for_status()
+    cluster = found.json()
+    urls = {node["id"]: node["url"] for node in cluster["nodes"]}
+    owners = {c["id"]: c["owner"] for c in cluster["containers"]}
     ports = []
     for name in segments:
-        answer = requests.head(f"{server.url}/v1/segments/{name}", timeout=10)
-        answer.raise_for_status()
-        owner = answer.headers.get("Segment-Owner")
-        ports.append(urlsplit(owner).port or server.port if owner else server.port)
+        url = urls.get(owners.get(container_for(name, cluster["container_count"])) or "")
+        ports.append(urlsplit(url).port or server.port if url else server.port)
     return tuple(ports)
 
 
