@@ -192,11 +192,12 @@ class HeldProcessor:
     def hold(self, key: str, call: Callable[[], Any]) -> None:
         """Submit ``call`` and wait until its Tier 1 write is in flight (and blocked)."""
         self.submit(key, call)
-        assert self.entered.wait(5)
+        assert self.entered.wait(30)
 
     def wait_queued(self, count: int) -> None:
         queue = self.node.container.durable_log.processor._queue
-        wait_until(lambda: len(queue) == count, what=f"{count} queued operations")
+        # Generous: threads starting on a machine the rest of the suite keeps busy (a CI run).
+        wait_until(lambda: len(queue) == count, what=f"{count} queued operations", timeout_s=30)
 
     def release(self) -> dict[str, Any]:
         self.node.data_log.gate.set()
