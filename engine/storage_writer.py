@@ -110,10 +110,23 @@ class StorageWriter:
         self._thread = threading.Thread(target=self._run, name=f"writer-{self.container_id}", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """No flush begins from now on (one under way ends at its next Tier 1 commit, once the log closes)."""
         self._stop.set()
         self.durable_log.memory_log.close()
-        if self._thread is not None:
+
+    def close(self) -> None:
+        """Stop, and wait for a Tier 2 write under way where the next owner could read what it adds.
+
+        A write on a binding that appends may add bytes to a chunk this
+        epoch created, which the next owner reads up to its recorded length
+        and may join (defrag): it is waited for. Elsewhere (S3) a write under
+        way can only create an object of this epoch that no layout will name
+        (its commit fails once the log is closed; the next epoch's start
+        collects it), so a hand-over does not wait for it.
+        """
+        self.stop()
+        if self._thread is not None and self.chunked.storage.supports_append:
             self._thread.join(30)
 
     def flush(self, timeout_s: float) -> None:
@@ -140,6 +153,8 @@ class StorageWriter:
             try:
                 self._flush_due()
             except (OSError, ChunkStorageError, SegstoreError) as exc:
+                if self._stop.is_set():
+                    return  # the log closed under the flush: the next owner writes its bytes again
                 self.metrics.tier2_errors.inc()
                 self.failing = exc
                 backoff = min(max(0.1, backoff * 2), _BACKOFF_MAX_S)
@@ -151,6 +166,8 @@ class StorageWriter:
                 )
                 self._stop.wait(backoff)
                 continue
+            if self._stop.is_set():
+                return  # Tier 1 is not truncated past a close: the next owner owns the log
             backoff = 0.0
             self.failing = None
             self._after_round()
@@ -205,6 +222,8 @@ class StorageWriter:
             )
             if not due:
                 continue
+            if self._stop.is_set():
+                return
             began = time.monotonic()
             flushed = self._flush(segment_id, agg)
             self.metrics.tier2_flush_seconds.observe(time.monotonic() - began)

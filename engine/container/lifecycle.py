@@ -281,8 +281,11 @@ class ContainerLifecycle:
         self.storage_reader.finish()
         self.read_index.close()
         if running and self._failure is None:
-            self.storage_writer.close()
+            # The log closes before the storage writer is waited for: a hand-over waits for the
+            # writes in flight, not for a Tier 2 flush (whose commit then fails; its bytes stay in Tier 1).
+            self.storage_writer.stop()
             self.durable_log.close()
+            self.storage_writer.close()
 
     def drain(self) -> None:
         """Shutdown has begun: tail reads stop waiting, so their requests end now."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
 from engine.container import state
-from engine.tier2.chunk_storage import ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
+from engine.tier2.chunk_storage import ChunkHandle, ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
 from engine.tier2.memory import MemoryChunkStorage
 from tests.engine.conftest import Node, small_settings
 from tests.polling import wait_until
@@ -191,3 +193,65 @@ def test_a_container_closed_during_its_recovery_does_not_wait_for_it(node: Node)
     assert node.container.wait_started(5)
     assert not node.container.ready and node.container.failure is None
     assert len(node.data_log.writes) <= written + 1  # at most the epoch's checkpoint: nothing started
+
+
+class HeldWrites(MemoryChunkStorage):
+    """A Tier 2 whose chunk writes wait at a gate once ``hold`` is set (a slow bucket's PUT)."""
+
+    def __init__(self, *, supports_append: bool) -> None:
+        super().__init__(supports_append=supports_append)
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def _wait(self) -> None:
+        if self.hold.is_set():
+            self.entered.set()
+            self.gate.wait(30)
+
+    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+        if data:
+            self._wait()
+        return super().create(name, data)
+
+    def write(self, handle: ChunkHandle, offset: int, data: bytes) -> int:
+        self._wait()
+        return super().write(handle, offset, data)
+
+
+@pytest.mark.parametrize("supports_append", [False, True], ids=["objects", "appends"])
+def test_a_stop_waits_for_a_tier2_write_only_where_the_next_owner_could_read_it(
+    supports_append: bool,
+) -> None:
+    """A hand-over closes the log without waiting for a flush under way on S3; all data is recovered.
+
+    On a binding that appends, the write may extend a chunk the next epoch
+    reads and joins: the stop waits for it, as before.
+    """
+    storage = HeldWrites(supports_append=supports_append)
+    node = Node(small_settings(), storage=storage).start()
+    try:
+        node.store.create("s")
+        node.store.append("s", b"a" * 100)
+        node.store.flush()
+        storage.hold.set()
+        node.store.append("s", b"b" * 100)
+        assert storage.entered.wait(10), "the storage writer's flush did not begin"
+        opener = threading.Timer(1.5, storage.gate.set)
+        opener.start()
+        began = time.monotonic()
+        node.store.close()
+        took = time.monotonic() - began
+        if supports_append:
+            assert took >= 1.0, f"the stop did not wait for the write under way ({took:.2f} s)"
+        else:
+            assert took < 1.0, f"the stop waited {took:.2f} s for a Tier 2 write"
+        opener.join()
+        storage.hold.clear()
+        node.restart()
+        assert node.store.read("s", 0, 200).data == b"a" * 100 + b"b" * 100
+        node.store.flush()
+        assert node.tier2_bytes("s") == b"a" * 100 + b"b" * 100
+    finally:
+        storage.gate.set()
+        node.close()
