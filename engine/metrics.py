@@ -193,8 +193,9 @@ class ClusterMetrics:
     """A cluster node's leases (docs/cluster.md): held, renewed, lost, and the containers it took over."""
 
     LOSS_REASONS = ("expired", "taken")
-    # What a claimed container's lease was: never written, released by a handover, or run out.
-    TAKEOVER_LEASES = ("new", "released", "expired")
+    # What a claimed container's lease was: never written, released by a handover, run out, or
+    # held by a node found dead before it ran out (its heartbeat late, its address refusing connections).
+    TAKEOVER_LEASES = ("new", "released", "expired", "dead")
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.leases_held = Gauge(
@@ -218,8 +219,9 @@ class ClusterMetrics:
         self.losses = {reason: losses.labels(reason) for reason in self.LOSS_REASONS}
         takeovers = Counter(
             "segstore_cluster_takeovers",
-            "Containers this node claimed, by what their lease was: new, released (a handover) or "
-            "expired (its holder stopped renewing it).",
+            "Containers this node claimed, by what their lease was: new, released (a handover), "
+            "expired (its holder stopped renewing it) or dead (its holder's heartbeat late and its "
+            "address refusing connections).",
             ["lease"],
             registry=registry,
         )

@@ -22,7 +22,8 @@ stop cannot make a live node lose its leases.
 
 Invariant: a container is held by at most one node at any instant
 (``holds``), provided the nodes' clocks run at the same rate within the
-margin; Tier 1's fence keeps acknowledged data safe even if they do not.
+margin and a node whose URL refuses connections runs no more (``_died``);
+Tier 1's fence keeps acknowledged data safe even if either is false.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from engine.cluster import balancer
 from engine.cluster.holdings import MARGIN_SHARE, Holdings
 from engine.cluster.observation import Observed, observe
+from engine.cluster.peers import refuses_connections
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
 from engine.cluster.registers import RegisterConflict, RegisterError, Registers
 from engine.metrics import ClusterMetrics
@@ -57,6 +59,9 @@ log = logging.getLogger(__name__)
 _READERS = 16
 # Rounds per lease: how soon a node sees a lease change (a release, a claim, a lease running out).
 _ROUNDS_PER_LEASE = 6
+# A node is dead before its leases run out when its heartbeat is this many renewal periods late
+# and its address refuses connections (docs/cluster.md "After a crash").
+_OVERDUE_RENEWALS = 1.5
 # About how long a container takes to recover once claimed (its log since a checkpoint, a few
 # seconds of writes at most), for the Retry-After of the requests refused meanwhile.
 RECOVERY_S = 1.0
@@ -109,6 +114,7 @@ class Coordinator:
         hop: str = "",
         machine: str = "",
         gone: Callable[[str], bool] = lambda node: False,
+        refuses: Callable[[str], bool] = refuses_connections,
     ) -> None:
         assert container_count >= 1 and lease_s > 0
         self.registers = registers
@@ -122,6 +128,8 @@ class Coordinator:
         self._observer = Observer(lease_s)
         self._released = released
         self._gone = gone  # whether no process runs as a node now (the processes of one machine know)
+        self._refuses = refuses  # whether nothing listens at a URL now (connection refused)
+        self._dead: set[str] = set()  # nodes found dead before their leases ran out, last round
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
@@ -148,6 +156,11 @@ class Coordinator:
     def round_every_s(self) -> float:
         return self.lease_s / _ROUNDS_PER_LEASE
 
+    @property
+    def overdue_s(self) -> float:
+        """How old a node's heartbeat is when it is late enough to ask whether the node still runs."""
+        return self.renew_every_s * _OVERDUE_RENEWALS
+
     # ------------------------------------------------------------ queries
     def holds(self, container: int) -> bool:
         """Whether this node holds ``container``'s lease now (and so may serve it)."""
@@ -171,8 +184,16 @@ class Coordinator:
             self._view = ClusterView(view.nodes, view.owners | {container: node})
 
     def unreachable(self, node: str) -> None:
-        """Note that ``node`` could not be reached just now (a request to it was refused)."""
-        self._unreachable[node] = self.clock()
+        """Note that ``node`` could not be reached just now (a request to it was refused).
+
+        The first such note in a lease runs a round, which times the next
+        one for the moment the node's heartbeat is overdue (``_died``).
+        """
+        now = self.clock()
+        noted = now - self._unreachable.get(node, -math.inf) < self.lease_s
+        self._unreachable[node] = now
+        if not noted:
+            self.nudge()
 
     def describe(self, container: int) -> tuple[str, float]:
         """Who serves ``container`` as far as this node knows, and about how long until it serves again.
@@ -193,7 +214,7 @@ class Coordinator:
             return why, claimed
         owner, now = lease[0].owner, self.clock()
         age = self._observer.age(lease_register_name(container), now) or 0.0
-        if age >= self.lease_s:
+        if age >= self.lease_s or owner in self._dead:
             return f"container {container}: node {owner}'s lease ran out; the next round claims it", claimed
         if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
             left = math.ceil(self.lease_s - age)
@@ -352,6 +373,10 @@ class Coordinator:
             age = self._observer.age(name, now)
             if age is not None and age < self.lease_s:
                 soonest = min(soonest, now - age + self.lease_s + 0.01)
+        for node, when in list(self._unreachable.items()):  # a request to it failed: it may be dead
+            age = self._observer.age(node_register_name(node), now)
+            if now - when < self.lease_s and age is not None and age < self.overdue_s:
+                soonest = min(soonest, now - age + self.overdue_s + 0.01)
         return soonest
 
     def _hand_back_failed(self) -> None:
@@ -393,17 +418,18 @@ class Coordinator:
         self._leases = seen.leases
         self._others = set(seen.nodes) - {self.node_id}
         now = self.clock()
+        self._dead = {node for node, record in seen.nodes.items() if self._died(node, record, now)}
         live = {
             node
             for node, record in seen.nodes.items()
             if not record.leaving and not self._observer.stale(node_register_name(node), now)
-            and not self._gone(node)
+            and not self._is_gone(node)
         } | {self.node_id}
         mine = self.leases.held()
         owners: dict[int, str] = {c: self.node_id for c in mine}
         unusable: set[int] = set()  # held under this node's id by an earlier run, until that lease is stale
         for container, (record, _version) in seen.leases.items():
-            if container in owners or record.owner is None or self._gone(record.owner):
+            if container in owners or record.owner is None or self._is_gone(record.owner):
                 continue  # a dead holder's lease is free at once
             if not self._observer.stale(lease_register_name(container), now):
                 if record.owner == self.node_id:
@@ -432,6 +458,34 @@ class Coordinator:
         hops = {node: hop for node in urls if (hop := seen.nodes[node].hop_from(self._node.machine))}
         self._view = ClusterView(urls | {self.node_id: self._node.url}, after, hops)
 
+    def _is_gone(self, node: str) -> bool:
+        """No process runs as ``node`` (this machine knows, or the last round found it dead)."""
+        return self._gone(node) or node in self._dead
+
+    def _died(self, node: str, record: NodeRecord, now: float) -> bool:
+        """Whether ``node`` died though its leases have not run out yet.
+
+        Its heartbeat is overdue (a renewal period and a half as this node saw
+        it, so written at least that long ago) and a connection to its
+        address is refused: no process listens there, so none serves as that
+        node (it crashed, or its server stopped). A paused node's address
+        still accepts connections (the kernel answers for it), and a node
+        slowed by its bucket still listens: both keep their leases until
+        they run out. Claiming early is safe for the data even if the node
+        did live: recovery fences its Tier 1 writer.
+        """
+        if node == self.node_id or record.leaving:
+            return False
+        age = self._observer.age(node_register_name(node), now)
+        if age is None or not self.overdue_s <= age < self.lease_s:
+            return False
+        if not self._refuses(record.url):
+            return False
+        if node not in self._dead:
+            log.warning("node %s: node %s renewed nothing for %.1f s and %s refuses connections: it is gone",
+                        self.node_id, node, age, record.url)
+        return True
+
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)
         with self.leases.moving(container):
@@ -451,7 +505,10 @@ class Coordinator:
             self.leases.won(container, record, version, started)
         self._free_since.pop(container, None)
         self.metrics.takeovers[
-            "new" if current is None else "released" if current[0].owner is None else "expired"
+            "new" if current is None
+            else "released" if current[0].owner is None
+            else "dead" if current[0].owner in self._dead
+            else "expired"
         ].inc()
         log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)
         self.host.start_container(container)

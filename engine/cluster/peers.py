@@ -25,9 +25,11 @@ from __future__ import annotations
 import base64
 import builtins
 import dataclasses
+import socket
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from engine import errors
 from engine.container.composite import Step, StepResult, results_from_json, steps_to_json
@@ -38,6 +40,27 @@ PEER_PATH = "/v1/peer/"
 SECRET_HEADER = "Segstore-Peer-Secret"
 CONNECT_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 60.0
+# How long a liveness probe waits for a connection (a refusal comes at once).
+PROBE_TIMEOUT_S = 1.0
+
+
+def refuses_connections(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to ``url``'s host and port is refused now: nothing listens there.
+
+    Only a refusal counts: a timeout (a paused process whose kernel queue
+    is full, a network cut) or a name that does not resolve proves nothing.
+    """
+    parts = urlsplit(url)
+    if parts.hostname is None:
+        return False
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 _ERRORS: dict[str, type[SegstoreError]] = {
     cls.__name__: cls
     for cls in vars(errors).values()

@@ -86,6 +86,7 @@ class Cluster:
         self.cuts: dict[str, Cut] = {}
         self.registries: dict[str, CollectorRegistry] = {}
         self.released: list[tuple[str, int]] = []  # (node, container) each hand-over announced
+        self.refusing: set[str] = set()  # the URLs nothing listens at (their node's process is gone)
 
     def add(self, node: str) -> Coordinator:
         cut = Cut(self.registers)
@@ -95,6 +96,7 @@ class Cluster:
             cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
             lease_s=LEASE_S, clock=self.clock, metrics=ClusterMetrics(self.registries[node]),
             released=lambda container: self.released.append((node, container)),
+            refuses=lambda url: url in self.refusing,
         )
         coordinator.join()
         self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
@@ -186,6 +188,44 @@ def test_a_dead_nodes_containers_are_claimed_the_moment_its_last_record_runs_out
         if cluster.owned_once_by(["a", "c"]):
             moved_at = cluster.clock.now
     assert moved_at is not None and moved_at <= last_seen + LEASE_S + 0.05, (moved_at, last_seen)
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["crashed", "paused"])
+def test_a_node_whose_address_refuses_connections_loses_its_containers_before_its_leases_run_out(
+    refused: bool,
+) -> None:
+    """A crashed node (nothing listens at its URL) is found dead once its heartbeat is late; a paused
+    one (the kernel still accepts for it) keeps its leases until they run out."""
+    cluster = Cluster(6)
+    for node in ("a", "b", "c"):
+        cluster.add(node)
+    cluster.rounds(10)
+    b = cluster.nodes.pop("b")  # it dies (or stops) right after its last renewal: it holds nothing now
+    lost = b.held()
+    if refused:
+        cluster.refusing.add("http://b")
+    died_at = cluster.clock.now
+    a = cluster.nodes["a"]
+    a.unreachable("b")  # a request a forwarded to it failed
+    moved_at = None
+    while moved_at is None and cluster.clock.now < died_at + 2 * LEASE_S:
+        cluster.advance(max(0.01, min(a.round_every_s, a._next_expiry() - cluster.clock.now)))
+        for node in ("a", "c"):
+            cluster.nodes[node].tick()
+        if cluster.owned_once_by(["a", "c"]):
+            moved_at = cluster.clock.now
+    assert moved_at is not None
+    dead = sum(cluster.metric(node, "segstore_cluster_takeovers_total", lease="dead") for node in ("a", "c"))
+    if refused:
+        # Overdue as each node saw its last heartbeat, which one saw a round late.
+        assert moved_at <= died_at + a.overdue_s + a.round_every_s + 0.05, moved_at - died_at
+        assert moved_at - died_at < LEASE_S
+        assert dead == len(lost)
+        said, _ = cluster.nodes["c"].describe(lost[0])
+        assert "served by node" in said or "took it over" in said
+    else:
+        assert moved_at >= died_at + LEASE_S
+        assert dead == 0
 
 
 def test_a_node_that_recovered_a_container_is_routed_to_before_the_next_round() -> None:
