@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -146,6 +146,8 @@ class ObjectLogRecovery:
         self._confirm_lock = threading.Lock()
         self._fenced: str | None = None
         self._broken: str | None = None
+        self._prefetch: Future[None] | None = None  # recovery's early read of the log's objects...
+        self._ahead: dict[int, WalObject] = {}  # ...and what it read
 
     @property
     def writer(self) -> Writer:
@@ -184,7 +186,19 @@ class ObjectLogRecovery:
             return None
 
     def _fetch(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
-        """Read the objects of ``indexes`` missing from ``cache`` into it, several at once."""
+        """Read the objects of ``indexes`` missing from ``cache`` into it, several at once.
+
+        Once recovery's early read (``_read_ahead``) has ended: what it read is not read twice.
+        """
+        if self._prefetch is not None:
+            self._prefetch.result()
+            self._prefetch = None
+        for index in indexes:
+            if index not in cache and index in self._ahead:
+                cache[index] = self._ahead[index]
+        self._fetch_now(indexes, sizes, cache)
+
+    def _fetch_now(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
         todo = [index for index in indexes if index not in cache]
         for index, got in _at_once(lambda index: self._get(index, sizes.get(index)), todo).items():
             if got is not None:
@@ -219,20 +233,43 @@ class ObjectLogRecovery:
         before ours closed the log cleanly, there is nothing to fence
         (``_after_clean_close``).
         """
-        with ThreadPoolExecutor(1) as lister:  # the clean-close records are listed while the epoch is claimed
-            closes = lister.submit(self._close_records)
-            self.epoch, self.generation = self._new_epoch(), 0
-            obsolete = self._older_claims + closes.result()
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
-        batches = self._after_clean_close(obsolete, cache)
-        if batches is None:
-            batches = self._fenced_log(cache)
+        with ThreadPoolExecutor(2) as aside:
+            # While the epoch is claimed (and the log fenced): the clean-close records, and the log's objects.
+            closes = aside.submit(self._close_records)
+            self._prefetch = aside.submit(self._read_ahead, self._ahead)
+            try:
+                self.epoch, self.generation = self._new_epoch(), 0
+                obsolete = self._older_claims + closes.result()
+                batches = self._after_clean_close(obsolete, cache)
+                if batches is None:
+                    batches = self._fenced_log(cache)
+            finally:
+                self._prefetch = None
+        self._ahead = {}
         newer = self._newer_owner(force=True)
         if newer is not None:
             raise self._fence_error(newer)
         self._garbage += [(name, 0, 0.0) for name in obsolete]
         self._recovered = True
         yield from batches
+
+    def _read_ahead(self, ahead: dict[int, WalObject]) -> None:
+        """Read the objects the log holds now into ``ahead``, before recovery knows it needs them.
+
+        Safe at any moment: an object never changes once written, and
+        recovery takes from ``ahead`` only those its own reads ask for (its
+        listings after its epoch and fence), so it judges exactly the objects
+        it would have read itself. What fails here is left for recovery to read.
+        """
+        try:
+            with ThreadPoolExecutor(1) as lister:
+                listing = lister.submit(self._listed)
+                start = self._start()
+                listed = listing.result()
+            self._fetch_now(sorted(index for index in listed if index >= start), listed, ahead)
+        except (ChunkStorageError, DataCorrupted) as exc:
+            log.debug("container %d: early read of the Tier 1 log failed: %s", self.container_id, exc)
 
     def _fenced_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
         """Fence every older writer, then read the log."""

@@ -27,7 +27,7 @@ from engine.tier1 import object_log_recovery
 from engine.tier1.object_log import ObjectDataLog
 from engine.tier1.object_log_recovery import REACH
 from engine.tier1.wal_object import decode_object, encode_object
-from engine.tier2.chunk_storage import ChunkExists, ChunkInfo
+from engine.tier2.chunk_storage import ChunkExists, ChunkHandle, ChunkInfo
 from engine.tier2.faults import FaultyChunkStorage
 from engine.tier2.memory import MemoryChunkStorage
 
@@ -636,3 +636,43 @@ def test_a_log_not_settled_records_no_clean_close(state: str) -> None:
         with pytest.raises(OSError, match="closed"):
             log.write(pending)
     assert opened(storage)[1] == [b"one"]
+
+
+class CountedReads(MemoryChunkStorage):
+    """Counts the reads of each WAL object; its next epoch claim waits (up to 5 s) for one of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[str, int] = {}
+        self.read_once = threading.Event()
+        self.claim_waits = False
+        self.read_before_claim: bool | None = None
+
+    def read(self, handle: ChunkHandle, offset: int, length: int) -> bytes:
+        if handle.name.startswith(wal_prefix(C)):
+            self.reads[handle.name] = self.reads.get(handle.name, 0) + 1
+            self.read_once.set()
+        return super().read(handle, offset, length)
+
+    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+        if self.claim_waits and name.startswith(epoch_prefix(C)):
+            self.claim_waits = False
+            self.read_before_claim = self.read_once.wait(5)
+        return super().create(name, data)
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["after a clean close", "fenced"])
+def test_recovery_reads_the_log_while_it_claims_its_epoch_and_reads_no_object_twice(clean: bool) -> None:
+    storage = CountedReads()
+    old, _ = opened(storage)
+    payloads = [b"write %d" % i for i in range(40)]
+    for payload in payloads:
+        old.append(payload)
+    if clean:
+        old.close()
+    storage.reads.clear()
+    storage.claim_waits = True
+    _, read = opened(storage)
+    assert read == payloads
+    assert storage.read_before_claim, "the log's objects were read only after the epoch was claimed"
+    assert storage.reads and max(storage.reads.values()) == 1, storage.reads
