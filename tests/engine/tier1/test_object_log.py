@@ -167,15 +167,24 @@ def test_racing_recoveries_leave_exactly_one_writer() -> None:
 
 
 class StaleListing(MemoryChunkStorage):
-    """Its next listing of the log's writes misses the ``hidden`` names (writes that landed right after
-    it); ``after`` runs right after that listing."""
+    """Its next listing of the log's writes once an epoch is claimed (the fence's, not recovery's early
+    read) misses the ``hidden`` names (writes that landed right after it); ``after`` runs right after
+    that listing."""
 
     hidden: set[str] = set()
     after: Callable[[], None] | None = None
+    claimed = False
+
+    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+        handle = super().create(name, data)
+        if name.startswith(epoch_prefix(C)):
+            self.claimed = True
+        return handle
 
     def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
-        if prefix != wal_prefix(C):
+        if prefix != wal_prefix(C) or not self.claimed:
             return super().list(prefix)
+        self.claimed = False
         hidden, self.hidden = self.hidden, set()
         listed = [info for info in super().list(prefix) if info.name not in hidden]
         after, self.after = self.after, None
