@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import json
 import socket
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import TypeVar
 
 import gevent
 import gevent.socket
@@ -11,7 +15,9 @@ import pytest
 import requests
 from flask import Flask, request
 
-from app.private_listener import bind_private, serve_private
+from app.private_listener import RequestHeaders, bind_private, serve_private
+
+T = TypeVar("T")
 
 
 @pytest.mark.parametrize(
@@ -54,3 +60,82 @@ def test_a_process_sends_its_small_writes_at_once() -> None:
         assert answer.status_code == 200 and answer.text != "0", answer.text
     finally:
         server.stop()
+
+
+def _raw(url: str, head: bytes) -> bytes:
+    """Send ``head`` (a request without a body) on a plain socket; the whole answer."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.fixture
+def echo_url() -> Iterator[str]:
+    """A process's own port serving an app that answers with the request's HTTP_* and CONTENT_* variables."""
+    app = Flask(__name__)
+
+    @app.route("/echo", methods=["GET", "POST"])
+    def echo() -> dict[str, str]:
+        return {
+            key: value for key, value in request.environ.items()
+            if key.startswith(("HTTP_", "CONTENT_")) and isinstance(value, str)
+        }
+
+    sock, url = bind_private("127.0.0.1:0", "")
+    server = serve_private(gevent.socket.socket(sock.family, sock.type, fileno=sock.detach()), app)
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+def _in_thread(call: Callable[[], T]) -> T:
+    """``call`` on a real thread while the hub runs the server here."""
+    return gevent.get_hub().threadpool.spawn(call).get()  # type: ignore[no-any-return]
+
+
+def test_a_process_reads_headers_as_a_wsgi_server_should(echo_url: str) -> None:
+    head = (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Twice: one\r\nx-twice: two\r\n"
+        b"Content-Type: text/plain\r\nContent-Length: 3\r\nX_Under: dropped\r\nCookie: a=1\r\n"
+        b"Cookie: b=2\r\nX-Spaced:   padded  \r\n\r\nabc"
+    )
+    answer = _in_thread(lambda: _raw(echo_url, head))
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 200"), answer
+    seen = json.loads(body)
+    assert seen["HTTP_X_TWICE"] == "one,two"
+    assert seen["HTTP_COOKIE"] == "a=1; b=2"
+    assert seen["CONTENT_TYPE"] == "text/plain" and seen["CONTENT_LENGTH"] == "3"
+    assert seen["HTTP_X_SPACED"] == "padded"
+    assert "HTTP_X_UNDER" not in seen and "HTTP_CONTENT_TYPE" not in seen
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"X-Folded: one\r\n two\r\n",
+        b"No colon here\r\n",
+        b"Bad Name: x\r\n",
+        b"X-Long: " + b"a" * 70_000 + b"\r\n",
+        b"".join(b"X-%d: v\r\n" % i for i in range(101)),
+    ],
+    ids=["folded", "no colon", "space in name", "line too long", "too many"],
+)
+def test_a_process_refuses_header_lines_it_cannot_read_with_400(echo_url: str, bad: bytes) -> None:
+    head = b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + bad + b"\r\n"
+    answer = _in_thread(lambda: _raw(echo_url, head))
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+
+
+def test_request_headers_read_and_forget_as_gevent_asks() -> None:
+    headers = RequestHeaders(io.BytesIO(b"A: 1\r\nContent-Length: 5\r\na: 2\r\n\r\nbody"))
+    assert headers.status == ""
+    assert headers.get("a") == "1" and headers.getheader("CONTENT-LENGTH") == "5"
+    assert headers.get("missing", "d") == "d" and headers.typeheader is None
+    del headers["content-length"]
+    assert list(headers.headers) == ["A: 1\r\n", "a: 2\r\n"]
