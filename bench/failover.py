@@ -99,15 +99,17 @@ class Writer(threading.Thread):
             else:
                 time.sleep(_RETRY_S)
 
-    def gap(self, start: float, end: float) -> float:
-        """The longest time without an acknowledgement in [start, end], from the last one before ``start``."""
+    def gap(self, start: float, end: float) -> tuple[float, float]:
+        """The longest time without an acknowledgement in [start, end], from the last one before ``start``,
+        and when it began (monotonic)."""
         times = list(self.acked)
         before = [t for t in times if t < start]
         inside = [t for t in times if start <= t <= end]
         points = before[-1:] + inside
         if len(points) < 2:
-            return end - (points[0] if points else start)
-        return max(b - a for a, b in itertools.pairwise(points))
+            began = points[0] if points else start
+            return end - began, began
+        return max((b - a, a) for a, b in itertools.pairwise(points))
 
     def acked_after(self, moment: float) -> bool:
         return bool(self.acked) and self.acked[-1] > moment
@@ -127,8 +129,20 @@ def _settle(cluster: LocalCluster, writers: list[Writer], timeout_s: float) -> N
     wait_for(lambda: all(w.acked_after(now) for w in writers), timeout_s, "every writer acknowledged")
 
 
+def _wall(monotonic: float) -> str:
+    """A monotonic moment as the nodes' logs show time (UTC), to the millisecond."""
+    at = time.time() - (time.monotonic() - monotonic)
+    return time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def _sample(found: dict[str, list[dict[str, Any]]], key: str, writer: Writer, start: float, end: float,
+            fault: str) -> None:
+    gap_s, began = writer.gap(start, end)
+    found[key].append({"gap_s": gap_s, "from": _wall(began), "segment": writer.segment, "fault": fault})
+
+
 def _fault(cluster: LocalCluster, writers: list[Writer], victim: str, kind: str, args: argparse.Namespace,
-           found: dict[str, list[float]]) -> None:
+           found: dict[str, list[dict[str, Any]]]) -> None:
     others = [n for n in cluster.nodes if n != victim]
     before = _owners(cluster, [victim])  # what it serves now, as it says: another's view may lag
     moved = [w for w, owner in zip(writers, before, strict=True) if owner == victim]
@@ -144,7 +158,9 @@ def _fault(cluster: LocalCluster, writers: list[Writer], victim: str, kind: str,
         os.killpg(server.proc.pid, signal.SIGSTOP)
     wait_for(lambda: all(w.acked_after(at) for w in moved), 120, f"{victim}'s containers served again", 0.05)
     end = time.monotonic()
-    found[f"{kind}_gap_s"].append(max(w.gap(at, end) for w in moved))
+    fault = f"{kind} of node {victim} at {_wall(at)}"
+    worst = max(moved, key=lambda w: w.gap(at, end)[0])
+    _sample(found, f"{kind}_gap_s", worst, at, end, fault)
     if kind == "kill":
         back = time.monotonic()
         server.start()
@@ -158,7 +174,7 @@ def _fault(cluster: LocalCluster, writers: list[Writer], victim: str, kind: str,
     end = time.monotonic()
     for writer, old, new in zip(writers, during, after, strict=True):
         if old != new:
-            found["handover_gap_s"].append(writer.gap(back, end))
+            _sample(found, "handover_gap_s", writer, back, end, f"hand-over after the {kind} of {victim}")
 
 
 def _recoveries(workdir: Path) -> tuple[list[int], list[float]]:
@@ -179,7 +195,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "SEGSTORE_LEASE_S": str(args.lease_s),
         "SEGSTORE_CONTAINER_COUNT": str(args.containers),
     }
-    found: dict[str, list[float]] = {"kill_gap_s": [], "pause_gap_s": [], "handover_gap_s": []}
+    found: dict[str, list[dict[str, Any]]] = {"kill_gap_s": [], "pause_gap_s": [], "handover_gap_s": []}
     statuses: Counter[str] = Counter()
     with LocalCluster(workdir, nodes=3, settings=settings) as cluster:
         urls = list(cluster.urls.values())
@@ -218,8 +234,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "lease_s": args.lease_s, "containers": args.containers, "kills": args.kills,
         "pauses": args.pauses, "pause_s": args.pause_s, "answers": dict(statuses), "replay": doc_replay,
     }
-    for key, values in found.items():
-        doc[key] = asdict(Spread.of(values)) if values else None
+    for key, samples in found.items():
+        doc[key] = asdict(Spread.of([s["gap_s"] for s in samples])) if samples else None
+        doc[f"{key}_longest"] = max(samples, key=lambda s: s["gap_s"]) if samples else None
     doc["recovery_operations"] = asdict(Spread.of(operations)) if operations else None
     doc["recovery_operations_per_s"] = asdict(Spread.of(rates)) if rates else None
     return doc
@@ -263,6 +280,9 @@ def render(doc: dict[str, Any]) -> str:
             values = (spread["min"], spread["median"], spread["max"])
             lines.append(f"  {label:<16} s, min / median / max: " + " / ".join(f"{v:.2f}" for v in values)
                          + f"  ({len(spread['runs'])} samples)")
+            longest = doc[f"{key}_longest"]
+            lines.append(f"  {'':<16}    longest from {longest['from']} on {longest['segment']} "
+                         f"({longest['fault']})")
     for key, label, fmt in (("recovery_operations", "ops replayed", "{:,.0f}"),
                             ("recovery_operations_per_s", "replayed ops/s", "{:,.0f}")):
         spread = doc[key]
