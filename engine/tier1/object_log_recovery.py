@@ -375,7 +375,8 @@ class ObjectLogRecovery:
         lowest = min([fence] + [index for index, ours in claimed.items() if ours])
         self._claim_all(range(fence + 1, lowest + REACH), base, cache)
         if holes:
-            self._check_holes(holes, names, cache)
+            if not self._check_holes(holes, names, cache):
+                return None  # a hole was filled since the listing (a racing recovery's claim): look again
             self._claim_all(holes, base, cache)
         if self._start() > lowest:
             return None  # a truncation had freed the names we took: they lie below the log's start
@@ -407,13 +408,21 @@ class ObjectLogRecovery:
             cache[index] = got
             return got.writer == self.writer  # our own earlier claim, or another writer's write
 
-    def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> None:
-        """A hole must be a write that never landed: no later write was begun after it was in the bucket."""
+    def _check_holes(self, holes: list[int], names: dict[int, int], cache: dict[int, WalObject]) -> bool:
+        """A hole must be a write that never landed: no later write was begun after it was in the bucket.
+
+        False if a hole that looked like a lost write is in the bucket now:
+        filled since the listing (a racing recovery claims names above its
+        own listing, with a base past holes it did not see), so not missing.
+        """
         self._fetch([index for index in names if index > holes[0]], names, cache)
         for hole in holes:
             if any(obj.base > hole for index, obj in cache.items() if index > hole):
+                if self._get(hole) is not None:
+                    return False
                 missing = self._name(hole)
                 raise DataCorrupted(f"container {self.container_id}: Tier 1 object {missing} is missing")
+        return True
 
     def _read_log(self, cache: dict[int, WalObject]) -> list[frames.Batch]:
         """Every write from the log's start up to the end of our fence, in order.
