@@ -418,7 +418,7 @@ class Coordinator:
         self._leases = seen.leases
         self._others = set(seen.nodes) - {self.node_id}
         now = self.clock()
-        self._dead = {node for node, record in seen.nodes.items() if self._died(node, record, now)}
+        self._dead = self._died(seen.nodes, now)
         live = {
             node
             for node, record in seen.nodes.items()
@@ -462,29 +462,36 @@ class Coordinator:
         """No process runs as ``node`` (this machine knows, or the last round found it dead)."""
         return self._gone(node) or node in self._dead
 
-    def _died(self, node: str, record: NodeRecord, now: float) -> bool:
-        """Whether ``node`` died though its leases have not run out yet.
+    def _died(self, nodes: dict[str, NodeRecord], now: float) -> set[str]:
+        """The nodes of ``nodes`` that died though their leases have not run out yet.
 
-        Its heartbeat is overdue (a renewal period and a half as this node saw
+        A node's heartbeat is overdue (a renewal period and a half as this node saw
         it, so written at least that long ago) and a connection to its
         address is refused: no process listens there, so none serves as that
         node (it crashed, or its server stopped). A paused node's address
         still accepts connections (the kernel answers for it), and a node
         slowed by its bucket still listens: both keep their leases until
         they run out. Claiming early is safe for the data even if the node
-        did live: recovery fences its Tier 1 writer.
+        did live: recovery fences its Tier 1 writer. The overdue nodes are
+        asked at once, so a round waits one probe at most.
         """
-        if node == self.node_id or record.leaving:
-            return False
-        age = self._observer.age(node_register_name(node), now)
-        if age is None or not self.overdue_s <= age < self.lease_s:
-            return False
-        if not self._refuses(record.url):
-            return False
-        if node not in self._dead:
+        overdue = {}
+        for node, record in nodes.items():
+            age = self._observer.age(node_register_name(node), now)
+            if node != self.node_id and not record.leaving and age is not None and (
+                self.overdue_s <= age < self.lease_s
+            ):
+                overdue[node] = (record.url, age)
+        if not overdue:
+            return set()
+        refused = dict(zip(overdue, self._readers.map(self._refuses, [url for url, _ in overdue.values()]),
+                           strict=True))
+        dead = {node for node, yes in refused.items() if yes}
+        for node in sorted(dead - self._dead):
+            url, age = overdue[node]
             log.warning("node %s: node %s renewed nothing for %.1f s and %s refuses connections: it is gone",
-                        self.node_id, node, age, record.url)
-        return True
+                        self.node_id, node, age, url)
+        return dead
 
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)

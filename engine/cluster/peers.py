@@ -40,8 +40,8 @@ PEER_PATH = "/v1/peer/"
 SECRET_HEADER = "Segstore-Peer-Secret"
 CONNECT_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 60.0
-# How long a liveness probe waits for a connection (a refusal comes at once).
-PROBE_TIMEOUT_S = 1.0
+# How long a liveness probe waits for a connection (a refusal comes within a round trip).
+PROBE_TIMEOUT_S = 0.5
 
 
 def refuses_connections(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:

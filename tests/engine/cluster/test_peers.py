@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from engine import ContainerNotReady, PeerService, SegmentNotFound, SegmentStore
 from engine.cluster.coordinator import Coordinator
-from engine.cluster.peers import PeerClient, error_from_json, error_to_json
+from engine.cluster.peers import PeerClient, error_from_json, error_to_json, refuses_connections
 from engine.cluster.records import ClusterRecord
 from engine.cluster.registers import MemoryRegisters
 from engine.naming import CLUSTER_RECORD
@@ -85,3 +86,19 @@ def test_a_single_node_takes_no_peer_calls(tmp_path: Path) -> None:
         assert status == 400 and json.loads(body)["error"] == "InvalidArgument"
     finally:
         store.close()
+
+
+def test_only_a_refused_connection_says_nothing_listens_at_a_node_url() -> None:
+    """A closed port refuses; a listening socket whose process never accepts (a paused node: the
+    kernel queues the connection) does not; neither does a name that does not resolve."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert refuses_connections(f"http://127.0.0.1:{port}")
+    with socket.socket() as paused:
+        paused.bind(("127.0.0.1", 0))
+        paused.listen(8)
+        assert not refuses_connections(f"http://127.0.0.1:{paused.getsockname()[1]}")
+    assert not refuses_connections("http://no-such-host.invalid:8080", timeout_s=0.2)
+    assert not refuses_connections("not a url")
