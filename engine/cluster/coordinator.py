@@ -22,7 +22,7 @@ stop cannot make a live node lose its leases.
 
 Invariant: a container is held by at most one node at any instant
 (``holds``), provided the nodes' clocks run at the same rate within the
-margin and a node whose URL refuses connections runs no more (``_died``);
+margin and a node whose URL refuses connections runs no more (``liveness``);
 Tier 1's fence keeps acknowledged data safe even if either is false.
 """
 
@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from engine.cluster import balancer
 from engine.cluster.holdings import MARGIN_SHARE, Holdings
+from engine.cluster.liveness import Liveness
 from engine.cluster.observation import Observed, observe
 from engine.cluster.peers import refuses_connections
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
@@ -59,9 +60,6 @@ log = logging.getLogger(__name__)
 _READERS = 16
 # Rounds per lease: how soon a node sees a lease change (a release, a claim, a lease running out).
 _ROUNDS_PER_LEASE = 6
-# A node is dead before its leases run out when its heartbeat is this many renewal periods late
-# and its address refuses connections (docs/cluster.md "After a crash").
-_OVERDUE_RENEWALS = 1.5
 # About how long a container takes to recover once claimed (its log since a checkpoint, a few
 # seconds of writes at most), for the Retry-After of the requests refused meanwhile.
 RECOVERY_S = 1.0
@@ -128,18 +126,17 @@ class Coordinator:
         self._observer = Observer(lease_s)
         self._released = released
         self._gone = gone  # whether no process runs as a node now (the processes of one machine know)
-        self._refuses = refuses  # whether nothing listens at a URL now (connection refused)
-        self._dead: set[str] = set()  # nodes found dead before their leases ran out, last round
         self._free_since: dict[int, float] = {}
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
         self._others: set[str] = set()  # the other nodes' records last observed
-        self._unreachable: dict[str, float] = {}  # node -> when a request to it was last refused
         self._lock = threading.RLock()  # one round (or leave) at a time
         self._wake = threading.Event()  # set: run a round now
         self._draining = False  # set: the node is stopping, and claims nothing more
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"registers-{node_id}")
         self._writers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"renewals-{node_id}")
+        self.liveness = Liveness(node_id, lease_s=lease_s, renew_every_s=self.renew_every_s,
+                                 observer=self._observer, probes=self._readers, refuses=refuses)
         self.secret = ""  # the cluster's peer secret, known once joined
         self.metrics = metrics if metrics is not None else ClusterMetrics(CollectorRegistry())
         self.leases = Holdings(
@@ -156,10 +153,6 @@ class Coordinator:
     def round_every_s(self) -> float:
         return self.lease_s / _ROUNDS_PER_LEASE
 
-    @property
-    def overdue_s(self) -> float:
-        """How old a node's heartbeat is when it is late enough to ask whether the node still runs."""
-        return self.renew_every_s * _OVERDUE_RENEWALS
 
     # ------------------------------------------------------------ queries
     def holds(self, container: int) -> bool:
@@ -187,12 +180,9 @@ class Coordinator:
         """Note that ``node`` could not be reached just now (a request to it was refused).
 
         The first such note in a lease runs a round, which times the next
-        one for the moment the node's heartbeat is overdue (``_died``).
+        one for the moment the node's heartbeat is late (``liveness``).
         """
-        now = self.clock()
-        noted = now - self._unreachable.get(node, -math.inf) < self.lease_s
-        self._unreachable[node] = now
-        if not noted:
+        if self.liveness.unreachable(node, self.clock()):
             self.nudge()
 
     def describe(self, container: int) -> tuple[str, float]:
@@ -214,9 +204,9 @@ class Coordinator:
             return why, claimed
         owner, now = lease[0].owner, self.clock()
         age = self._observer.age(lease_register_name(container), now) or 0.0
-        if age >= self.lease_s or owner in self._dead:
+        if age >= self.lease_s or owner in self.liveness.dead:
             return f"container {container}: node {owner}'s lease ran out; the next round claims it", claimed
-        if now - self._unreachable.get(owner, -math.inf) < self.lease_s:
+        if self.liveness.unreachable_lately(owner, now):
             left = math.ceil(self.lease_s - age)
             why = f"container {container}: waiting for node {owner}'s lease to run out, about {left} s"
             return why, self.lease_s - age + RECOVERY_S
@@ -373,11 +363,7 @@ class Coordinator:
             age = self._observer.age(name, now)
             if age is not None and age < self.lease_s:
                 soonest = min(soonest, now - age + self.lease_s + 0.01)
-        for node, when in list(self._unreachable.items()):  # a request to it failed: it may be dead
-            age = self._observer.age(node_register_name(node), now)
-            if now - when < self.lease_s and age is not None and age < self.overdue_s:
-                soonest = min(soonest, now - age + self.overdue_s + 0.01)
-        return soonest
+        return min(soonest, self.liveness.wake_at(now))  # a node a request could not reach may be dead
 
     def _hand_back_failed(self) -> None:
         """Release the leases of containers that failed here, rather than keep them out of service.
@@ -418,18 +404,19 @@ class Coordinator:
         self._leases = seen.leases
         self._others = set(seen.nodes) - {self.node_id}
         now = self.clock()
-        self._dead = self._died(seen.nodes, now)
+        dead = self.liveness.find_dead(seen.nodes, now)
         live = {
             node
             for node, record in seen.nodes.items()
             if not record.leaving and not self._observer.stale(node_register_name(node), now)
-            and not self._is_gone(node)
+            and node not in dead and not self._gone(node)
         } | {self.node_id}
         mine = self.leases.held()
         owners: dict[int, str] = {c: self.node_id for c in mine}
         unusable: set[int] = set()  # held under this node's id by an earlier run, until that lease is stale
         for container, (record, _version) in seen.leases.items():
-            if container in owners or record.owner is None or self._is_gone(record.owner):
+            holder = record.owner
+            if container in owners or holder is None or holder in dead or self._gone(holder):
                 continue  # a dead holder's lease is free at once
             if not self._observer.stale(lease_register_name(container), now):
                 if record.owner == self.node_id:
@@ -458,41 +445,6 @@ class Coordinator:
         hops = {node: hop for node in urls if (hop := seen.nodes[node].hop_from(self._node.machine))}
         self._view = ClusterView(urls | {self.node_id: self._node.url}, after, hops)
 
-    def _is_gone(self, node: str) -> bool:
-        """No process runs as ``node`` (this machine knows, or the last round found it dead)."""
-        return self._gone(node) or node in self._dead
-
-    def _died(self, nodes: dict[str, NodeRecord], now: float) -> set[str]:
-        """The nodes of ``nodes`` that died though their leases have not run out yet.
-
-        A node's heartbeat is overdue (a renewal period and a half as this node saw
-        it, so written at least that long ago) and a connection to its
-        address is refused: no process listens there, so none serves as that
-        node (it crashed, or its server stopped). A paused node's address
-        still accepts connections (the kernel answers for it), and a node
-        slowed by its bucket still listens: both keep their leases until
-        they run out. Claiming early is safe for the data even if the node
-        did live: recovery fences its Tier 1 writer. The overdue nodes are
-        asked at once, so a round waits one probe at most.
-        """
-        overdue = {}
-        for node, record in nodes.items():
-            age = self._observer.age(node_register_name(node), now)
-            if node != self.node_id and not record.leaving and age is not None and (
-                self.overdue_s <= age < self.lease_s
-            ):
-                overdue[node] = (record.url, age)
-        if not overdue:
-            return set()
-        refused = dict(zip(overdue, self._readers.map(self._refuses, [url for url, _ in overdue.values()]),
-                           strict=True))
-        dead = {node for node, yes in refused.items() if yes}
-        for node in sorted(dead - self._dead):
-            url, age = overdue[node]
-            log.warning("node %s: node %s renewed nothing for %.1f s and %s refuses connections: it is gone",
-                        self.node_id, node, age, url)
-        return dead
-
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)
         with self.leases.moving(container):
@@ -514,7 +466,7 @@ class Coordinator:
         self.metrics.takeovers[
             "new" if current is None
             else "released" if current[0].owner is None
-            else "dead" if current[0].owner in self._dead
+            else "dead" if current[0].owner in self.liveness.dead
             else "expired"
         ].inc()
         log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)

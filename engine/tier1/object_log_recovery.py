@@ -15,10 +15,9 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
 
 from engine.config import TIER1_WRITES_IN_FLIGHT_MAX
 from engine.durable_log import frames
@@ -37,6 +36,7 @@ from engine.naming import (
     wal_start_name,
     wal_start_prefix,
 )
+from engine.tier1.at_once import at_once
 from engine.tier1.wal_object import WalObject, Writer, decode_object, encode_object
 from engine.tier2.chunk_storage import (
     ChunkExists,
@@ -59,46 +59,6 @@ KEEP_FENCE_S = 120.0
 # past the log's end its fence may aim (the distance doubles each time the old writer gets there first).
 _RECOVERY_ATTEMPTS = 50
 _FENCE_AHEAD_MAX = 1024
-# Objects recovery reads at once (a log holds thousands of small objects between checkpoints).
-_READERS = 16
-
-T = TypeVar("T")
-
-
-def _at_once(call: Callable[[int], T], items: list[int]) -> dict[int, T]:
-    """``call`` of every item on up to ``_READERS`` threads; the first error is raised, the rest not begun."""
-    results: dict[int, T] = {}
-    pending = iter(items)
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        while True:
-            with lock:
-                item = None if errors else next(pending, None)
-            if item is None:
-                return
-            try:
-                result = call(item)
-            except BaseException as exc:  # handed to the caller below
-                with lock:
-                    errors.append(exc)
-                return
-            with lock:
-                results[item] = result
-
-    if len(items) <= 1:
-        return {item: call(item) for item in items}
-    workers = [threading.Thread(target=work, daemon=True) for _ in range(min(_READERS, len(items)))]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 @dataclass(slots=True)
 class LogEntry:
     """A write of the log: number, size, and the frame it starts at (if it holds none: the next write's)."""
@@ -200,7 +160,7 @@ class ObjectLogRecovery:
 
     def _fetch_now(self, indexes: list[int], sizes: dict[int, int], cache: dict[int, WalObject]) -> None:
         todo = [index for index in indexes if index not in cache]
-        for index, got in _at_once(lambda index: self._get(index, sizes.get(index)), todo).items():
+        for index, got in at_once(lambda index: self._get(index, sizes.get(index)), todo).items():
             if got is not None:
                 cache[index] = got
 
@@ -384,7 +344,7 @@ class ObjectLogRecovery:
 
     def _claim_all(self, indexes: Iterable[int], base: int, cache: dict[int, WalObject]) -> dict[int, bool]:
         """``_claim`` of every name of ``indexes`` at once: which of them we hold."""
-        return _at_once(lambda index: self._claim(index, base, cache), list(indexes))
+        return at_once(lambda index: self._claim(index, base, cache), list(indexes))
 
     def _claim(self, index: int, base: int, cache: dict[int, WalObject]) -> bool:
         """Take name ``index`` with an empty object of ours; False if another writer's write has it.

@@ -218,7 +218,7 @@ def test_a_node_whose_address_refuses_connections_loses_its_containers_before_it
     dead = sum(cluster.metric(node, "segstore_cluster_takeovers_total", lease="dead") for node in ("a", "c"))
     if refused:
         # Overdue as each node saw its last heartbeat, which one saw a round late.
-        assert moved_at <= died_at + a.overdue_s + a.round_every_s + 0.05, moved_at - died_at
+        assert moved_at <= died_at + a.liveness.overdue_s + a.round_every_s + 0.05, moved_at - died_at
         assert moved_at - died_at < LEASE_S
         assert dead == len(lost)
         said, _ = cluster.nodes["c"].describe(lost[0])
