@@ -419,10 +419,10 @@ class Coordinator:
             if container in owners or holder is None or holder in dead or self._gone(holder):
                 continue  # a dead holder's lease is free at once
             if not self._observer.stale(lease_register_name(container), now):
-                if record.owner == self.node_id:
+                if holder == self.node_id:
                     unusable.add(container)
                 else:
-                    owners[container] = record.owner
+                    owners[container] = holder
         unusable |= self.leases.stopping()
         free = set(range(self.container_count)) - owners.keys() - unusable
         for container in list(self._free_since):
