@@ -18,7 +18,9 @@ Figures, each min / median / max over the faults:
   out, the claim, the recovery, the writers' next attempt);
 - **hand-over gap**: after each restart or resume, the node gets its share
   back by graceful hand-overs; for each container that moved then, the
-  longest time without an acknowledged append around its move;
+  longest time without an acknowledged append from the restart or resume
+  until the cluster is balanced again (not from the last acknowledgement
+  before it: a writer may have waited on the paused node until then);
 - **recovery**: operations replayed and operations replayed per second, from
   the nodes' "operations replayed" log lines (with moto, most of a recovery
   is its fixed cost: the Tier 1 fence, listings, the new epoch's checkpoint);
@@ -99,13 +101,16 @@ class Writer(threading.Thread):
             else:
                 time.sleep(_RETRY_S)
 
-    def gap(self, start: float, end: float) -> tuple[float, float]:
-        """The longest time without an acknowledgement in [start, end], from the last one before ``start``,
-        and when it began (monotonic)."""
+    def gap(self, start: float, end: float, *, from_start: bool = False) -> tuple[float, float]:
+        """The longest time without an acknowledgement in [start, end], and when it began (monotonic).
+
+        Counted from the last acknowledgement before ``start``, or from
+        ``start`` itself with ``from_start``.
+        """
         times = list(self.acked)
-        before = [t for t in times if t < start]
+        before = [start] if from_start else [t for t in times if t < start][-1:]
         inside = [t for t in times if start <= t <= end]
-        points = before[-1:] + inside
+        points = before + inside
         if len(points) < 2:
             began = points[0] if points else start
             return end - began, began
@@ -137,7 +142,9 @@ def _wall(monotonic: float) -> str:
 
 def _sample(found: dict[str, list[dict[str, Any]]], key: str, writer: Writer, start: float, end: float,
             fault: str) -> None:
-    gap_s, began = writer.gap(start, end)
+    # A hand-over's gap counts from the restart or resume: a writer that waited on the paused node
+    # before it resumed (its 2 s timeouts, its random next node) is not the hand-over's doing.
+    gap_s, began = writer.gap(start, end, from_start=key == "handover_gap_s")
     found[key].append({"gap_s": gap_s, "from": _wall(began), "segment": writer.segment, "fault": fault})
 
 
@@ -159,7 +166,7 @@ def _fault(cluster: LocalCluster, writers: list[Writer], victim: str, kind: str,
     wait_for(lambda: all(w.acked_after(at) for w in moved), 120, f"{victim}'s containers served again", 0.05)
     end = time.monotonic()
     fault = f"{kind} of node {victim} at {_wall(at)}"
-    worst = max(moved, key=lambda w: w.gap(at, end)[0])
+    worst = max(moved, key=lambda w: w.gap(at, end)[0])  # from the last acknowledgement before the fault
     _sample(found, f"{kind}_gap_s", worst, at, end, fault)
     if kind == "kill":
         back = time.monotonic()
