@@ -477,16 +477,27 @@ def test_epochs_grow_and_only_the_newest_claim_stays_once_the_log_truncates() ->
 
 
 class BusyOldWriter(MemoryChunkStorage):
-    """After each of its first ``rounds`` listings of the log, the old writer gets ``burst`` writes in."""
+    """After each of its first ``rounds`` listings of the log, the old writer gets ``burst`` writes in.
+
+    One old writer, whichever thread lists (recovery lists from two: its early read and its fence):
+    its bursts go one after another, so ``written`` is in the log's order.
+    """
 
     old: ObjectDataLog | None = None
     rounds = 0
     burst = 3
     written: list[bytes] = []
+    one_writer = threading.Lock()
 
     def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
         listed = list(super().list(prefix))
-        if self.old is not None and self.rounds and prefix == wal_prefix(C):
+        if prefix == wal_prefix(C):
+            with self.one_writer:
+                self._burst()
+        return iter(listed)
+
+    def _burst(self) -> None:
+        if self.old is not None and self.rounds:
             self.rounds -= 1
             for _ in range(self.burst):
                 payload = b"busy %d" % len(self.written)
@@ -496,7 +507,6 @@ class BusyOldWriter(MemoryChunkStorage):
                     self.old = None
                     break
                 self.written.append(payload)
-        return iter(listed)
 
 
 @pytest.mark.parametrize("burst", [3, 40])
