@@ -153,7 +153,6 @@ class Coordinator:
     def round_every_s(self) -> float:
         return self.lease_s / _ROUNDS_PER_LEASE
 
-
     # ------------------------------------------------------------ queries
     def holds(self, container: int) -> bool:
         """Whether this node holds ``container``'s lease now (and so may serve it)."""

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from engine.cluster.records import NodeRecord, Observer
 from engine.naming import node_register_name
 
-log = logging.getLogger("engine.cluster.coordinator")
+log = logging.getLogger(__name__)
 
 # A heartbeat this many renewal periods late makes its node's address worth a probe.
 _OVERDUE_RENEWALS = 1.5

@@ -61,6 +61,8 @@ def refuses_connections(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         return True
     except OSError:
         return False
+
+
 _ERRORS: dict[str, type[SegstoreError]] = {
     cls.__name__: cls
     for cls in vars(errors).values()

@@ -48,5 +48,3 @@ def at_once(call: Callable[[int], T], items: list[int]) -> dict[int, T]:
     if errors:
         raise errors[0]
     return results
-
-
