@@ -26,7 +26,11 @@ serves it (or answered 503 with ``Retry-After`` past ``takeover_wait_s``):
 a read (GET, HEAD), or an append with ``Writer-Id`` and ``Event-Number``,
 which the owner deduplicates (its body, at most ``max_append_bytes``, is
 kept for that). Anything else answers 502 ``OutcomeUnknown``: it may have
-been applied.
+been applied. Such a request is also given up on, and sent again, as soon
+as this node's view of the cluster no longer names the node it went to as
+the container's owner (its lease ran out or moved: a paused owner loses its
+container long before it would be silent for that long); the answer the
+abandoned request may still get is dropped.
 
 A body that breaks off while it is read from the client (a malformed
 chunked body: ``MalformedBody``, app/http_chunked.py) gets the answer the
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -83,6 +88,8 @@ _READS = frozenset({"GET", "HEAD"})
 _DEDUPLICATED = ("HTTP_WRITER_ID", "HTTP_EVENT_NUMBER")
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+# An owner's answer: its status line, its headers, and its body as it comes.
+_Answer = tuple[str, list[tuple[str, str]], Any]
 Subject = Callable[[dict[str, Any]], str | None]
 
 
@@ -96,6 +103,10 @@ class _Failed(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+class _Moved(Exception):
+    """The container's owner is no longer the node a repeatable request went to: it is sent again."""
 
 
 class Forwarding:
@@ -142,15 +153,17 @@ class Forwarding:
                 if body is None and self._repeatable(environ):
                     body = _read_all(environ)
                 try:
-                    return self._forward(environ, start_response, *owner, deadline, body)
+                    return self._forward(environ, start_response, subject, *owner, deadline, body)
                 except MalformedBody as broken:  # over HTTP: the owner's connection was cut inside it
                     return render_segstore_error(broken)(environ, start_response)
                 except _Unreachable:
                     self.store.owner_unreachable(owner[0])  # gone, or paused: wait for its lease to move
-                except _Failed as failed:
+                except (_Failed, _Moved) as failed:
                     if body is None:  # not repeatable: not a 503, which says "not applied, resend"
+                        assert isinstance(failed, _Failed), "only a repeatable request is given up on"
                         return render_segstore_error(OutcomeUnknown(failed.detail))(environ, start_response)
-                    self.store.owner_unreachable(owner[0])
+                    if isinstance(failed, _Failed):
+                        self.store.owner_unreachable(owner[0])
                     if not retrying:  # sent again to the next owner, within one more takeover wait
                         retrying, deadline = True, time.monotonic() + self.takeover_wait_s
             left = deadline - time.monotonic()
@@ -180,7 +193,7 @@ class Forwarding:
                 return subject
         return None
 
-    def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any],
+    def _forward(self, environ: dict[str, Any], start_response: Callable[..., Any], subject: str,
                  node: str, base: str, deadline: float, kept: bytes | None) -> Iterable[bytes]:
         environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
         address = self.store.hop_of(node) if self.hop is not None else None
@@ -190,7 +203,14 @@ class Forwarding:
                 answer = self._over_hop(environ, node, address, kept)
         transport = "hop" if answer is not None else "http"
         if answer is None:
-            answer = self._over_http(environ, node, base, deadline, kept)
+            def send() -> _Answer:
+                return self._over_http(environ, node, base, deadline, kept)
+
+            def owns() -> bool:
+                owner = self.store.owner_of(subject)
+                return owner is not None and owner[0] == node
+
+            answer = send() if kept is None else _while_owner(send, owns)
         status, headers, pieces = answer
         headers.append((OWNER, node))
         self.transports[transport].inc()
@@ -222,7 +242,7 @@ class Forwarding:
         return head.status, out, pieces
 
     def _over_http(self, environ: dict[str, Any], node: str, base: str, deadline: float,
-                   kept: bytes | None) -> tuple[str, list[tuple[str, str]], Iterable[bytes]]:
+                   kept: bytes | None) -> _Answer:
         """The request over HTTP to the owner's URL, as it came."""
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         headers = {name: value for name, value in _headers(environ) if name.lower() not in _NOT_PASSED_ON}
@@ -251,7 +271,7 @@ class Forwarding:
         out = [(k, v) for k, v in answer.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
-        return f"{answer.status_code} {answer.reason}", out, _streamed(answer)
+        return f"{answer.status_code} {answer.reason}", out, _Streamed(answer)
 
 
 def _owner_silence_s(settings: Settings) -> float:
@@ -304,8 +324,54 @@ class _Sized:
         return self._pieces
 
 
-def _streamed(answer: requests.Response) -> Iterator[bytes]:
-    try:
-        yield from answer.raw.stream(_PIECE_BYTES, decode_content=False)
-    finally:
-        answer.close()
+class _Streamed:
+    """An owner's answer body over HTTP, passed on as it comes; closing it closes the owner's answer."""
+
+    def __init__(self, answer: requests.Response) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._answer.raw.stream(_PIECE_BYTES, decode_content=False)
+        finally:
+            self._answer.close()
+
+    def close(self) -> None:
+        self._answer.close()
+
+
+def _while_owner(send: Callable[[], _Answer], owns: Callable[[], bool]) -> _Answer:
+    """``send()``'s answer, unless ``owns()`` turns False before its head arrives: then ``_Moved``.
+
+    ``send`` runs in a thread of its own (a greenlet under gevent), which a
+    request given up on leaves behind: it ends with the owner's answer,
+    which it drops, or with the forwarder's own timeouts.
+    """
+    done = threading.Event()
+    lock = threading.Lock()
+    outcome: list[Any] = []  # the answer, or the exception send raised
+    abandoned = False
+
+    def run() -> None:
+        try:
+            got: Any = send()
+        except BaseException as exc:  # raised again by the waiting request
+            got = exc
+        with lock:
+            outcome.append(got)
+            done.set()
+            dropped = abandoned
+        if dropped and not isinstance(got, BaseException):
+            got[2].close()
+
+    threading.Thread(target=run, name="forward", daemon=True).start()
+    while not done.wait(_POLL_S):
+        if not owns():
+            with lock:
+                if not done.is_set():
+                    abandoned = True
+                    raise _Moved
+    got = outcome[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got

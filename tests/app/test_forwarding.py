@@ -346,6 +346,72 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
         assert 1.3 <= took < 4  # tail_wait_max_s + lease_s, not for ever
 
 
+@pytest.mark.parametrize(
+    ("headers", "moves"),
+    [
+        ({"Writer_Id": str(uuid.UUID(int=1)), "Event_Number": "3"}, True),
+        ({}, False),
+    ],
+    ids=["deduplicated", "plain"],
+)
+def test_a_repeatable_request_to_a_paused_owner_goes_to_the_next_owner_once_the_view_names_it(
+    headers: dict[str, str], moves: bool
+) -> None:
+    """Not after the owner's silence: a paused owner loses its container long before.
+
+    A plain append stays with the owner it went to (it may have been applied there).
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    taken: list[socket.socket] = []
+
+    def accept_then_pause() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        taken.append(conn)  # open, and never answered: a paused node's kernel took the request
+
+    threading.Thread(target=accept_then_pause, daemon=True).start()
+    next_owner = OneAnswer()
+    store = FakeStore(wait_s=5, ready_at=None)
+    store.settings = Settings(container_count=4, tail_wait_max_s=2, lease_s=1)  # silent for 3 s
+    store.owner = ("a", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    mover = threading.Timer(
+        0.4, lambda: setattr(store, "owner", ("b", f"http://127.0.0.1:{next_owner.server_address[1]}"))
+    )
+    mover.start()
+    statuses: list[str] = []
+    owners: list[str | None] = []
+    request = environ("/v1/segments/x", "POST", **headers)
+    request["wsgi.input"], request["CONTENT_LENGTH"] = io.BytesIO(b"event"), "5"
+
+    def start_response(status: str, answer_headers: list[tuple[str, str]]) -> None:
+        statuses.append(status)
+        owners.append(dict(answer_headers).get("Segment-Owner"))
+
+    started = time.monotonic()
+    forwarding = Forwarding(
+        lambda e, s: [],  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        SUBJECTS,
+        takeover_wait_s=store.wait_s,
+    )
+    body = b"".join(forwarding(request, start_response))
+    took = time.monotonic() - started
+    mover.join()
+    for conn in taken:
+        conn.close()
+    listener.close()
+    next_owner.shutdown()
+    next_owner.server_close()
+    if moves:
+        assert statuses == ["200 OK"] and owners == ["b"] and body == b"event"
+        assert 0.4 <= took < 1.5, f"answered after {took:.2f} s"
+    else:
+        assert statuses == ["502 BAD GATEWAY"] and json.loads(body)["code"] == "OutcomeUnknown"
+        assert took >= 3.0, f"given up on after {took:.2f} s, before the owner's silence"
+
+
 def test_a_client_body_that_breaks_off_while_passed_on_over_http_is_a_400_and_cut_at_the_owner() -> None:
     """The owner's connection ends inside the chunked body (it stores nothing); the client gets its 400."""
     listener = socket.socket()
