@@ -18,6 +18,8 @@ import errno
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from engine import naming
 from engine.config import Settings, tier2_location
@@ -90,12 +92,16 @@ class ContainerLifecycle:
         (``close`` does not wait for it) and starts nothing.
         """
         started = time.monotonic()
+        aside = ThreadPoolExecutor(1, thread_name_prefix=f"tier2-listing-{self.container_id}")
         try:
+            listing = aside.submit(self.chunked.chunk_names)  # Tier 2 is listed while Tier 1 is replayed
             replayed = self.durable_log.replay(self._stopping)
             self.durable_log.check_recovered_data()
             self._check_stopping()
+            replayed_at = time.monotonic()
             self._begin_epoch()
-            self._reach_tier2()
+            begun_at = time.monotonic()
+            self._reach_tier2(listing.result)
             with self._start_lock:
                 self._check_stopping()
                 self.durable_log.start()
@@ -118,17 +124,23 @@ class ContainerLifecycle:
             self._failure = exc
         else:
             self._phase = states.RUNNING
-            took = time.monotonic() - started
+            ended_at = time.monotonic()
+            took = ended_at - started
             log.info(
-                "container %d: epoch %d, %d operations replayed in %.2fs (%.0f a second)",
+                "container %d: epoch %d, %d operations replayed in %.2fs (%.0f a second; "
+                "Tier 1 %.2fs, the epoch's checkpoint %.2fs, Tier 2 %.2fs)",
                 self.container_id,
                 self.metadata.epoch,
                 replayed,
                 took,
                 replayed / max(took, 1e-6),
+                replayed_at - started,
+                begun_at - replayed_at,
+                ended_at - begun_at,
             )
             self.metrics.recovery_operations.labels(str(self.container_id)).set(replayed)
         finally:
+            aside.shutdown(wait=False)
             self.recovery_s = time.monotonic() - started
             self.metrics.recovery_seconds.labels(str(self.container_id)).set(self.recovery_s)
             self._ready.set()
@@ -156,12 +168,16 @@ class ContainerLifecycle:
             if self._stopping.wait(_FULL_RETRY_S):
                 raise RecoveryStopped
 
-    def _reach_tier2(self) -> None:
-        """Collect garbage in Tier 2, waiting out an outage; a Tier 2 that refuses us is Misconfigured."""
+    def _reach_tier2(self, listed: Callable[[], list[str]]) -> None:
+        """Collect garbage in Tier 2, waiting out an outage; a Tier 2 that refuses us is Misconfigured.
+
+        ``listed`` gives the container's chunks as listed during the replay;
+        after a failure the chunks are listed again.
+        """
         backoff_s = 0.1
         while True:
             try:
-                self._collect_garbage()
+                self._collect_garbage(listed())
                 return
             except ChunkStorageUnusable as exc:
                 where = tier2_location(self.settings)
@@ -176,14 +192,15 @@ class ContainerLifecycle:
             if self._stopping.wait(backoff_s):
                 raise RecoveryStopped
             backoff_s = min(backoff_s * 2, _TIER2_RETRY_MAX_S)
+            listed = self.chunked.chunk_names
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self, names: list[str]) -> None:
         """Start the new epoch in Tier 2: drop older epochs' chunks that no layout names."""
         self.chunked.epoch = self.metadata.epoch
         with self.metadata.lock:
             segments = self.metadata.segments.values()
             referenced = {c.name for s in segments for c in [*s.read_layout(), *s.attribute_chunks]}
-        dropped = self.chunked.collect_garbage(referenced)
+        dropped = self.chunked.collect_garbage(referenced, names)
         if dropped:
             log.info("container %d: %d unreferenced chunks collected", self.container_id, len(dropped))
 

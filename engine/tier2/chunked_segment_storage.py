@@ -291,19 +291,27 @@ class ChunkedSegmentStorage:
         for name in names:
             self.storage.delete(name)
 
-    def collect_garbage(self, referenced: set[str]) -> list[str]:
-        """Delete this container's chunks from older epochs that no layout names.
+    def chunk_names(self) -> list[str]:
+        """The names of this container's chunks in Tier 2 now: what ``collect_garbage`` looks through."""
+        return [info.name for info in self.storage.list(naming.container_chunk_prefix(self.container_id))]
+
+    def collect_garbage(self, referenced: set[str], names: Iterable[str]) -> list[str]:
+        """Delete the chunks of ``names`` (``chunk_names``) from older epochs that no layout names.
 
         Run at start, before this epoch writes: such chunks are writes whose
         layout update never became durable, or deletions a crash interrupted.
+        ``names`` may be listed while Tier 1 is recovered, before ``referenced``
+        is known: a chunk of an older epoch that is not in Tier 1's layouts by
+        the end of that recovery never will be (the older writer is fenced),
+        and one created after the listing is left for the next epoch's start.
         """
         deleted = []
-        for info in self.storage.list(naming.container_chunk_prefix(self.container_id)):
-            parts = naming.parse_chunk_name(info.name)
-            if parts is None or parts.epoch >= self.epoch or info.name in referenced:
+        for name in names:
+            parts = naming.parse_chunk_name(name)
+            if parts is None or parts.epoch >= self.epoch or name in referenced:
                 continue
-            self.storage.delete(info.name)
-            deleted.append(info.name)
+            self.storage.delete(name)
+            deleted.append(name)
         return deleted
 
     # ------------------------------------------------------ backup / restore

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled
+from engine import ContainerNotReady, SegmentStore, StorageFull, Throttled, naming
 from engine.container import state
 from engine.tier2.chunk_storage import ChunkHandle, ChunkInfo, ChunkStorageFull, ChunkStorageUnusable
 from engine.tier2.memory import MemoryChunkStorage
@@ -193,6 +193,24 @@ def test_a_container_closed_during_its_recovery_does_not_wait_for_it(node: Node)
     assert node.container.wait_started(5)
     assert not node.container.ready and node.container.failure is None
     assert len(node.data_log.writes) <= written + 1  # at most the epoch's checkpoint: nothing started
+
+
+def test_tier2_is_listed_while_tier1_is_recovered(node: Node) -> None:
+    """The listing that collects Tier 2's garbage does not wait for the replay and the epoch's checkpoint."""
+    node.store.create("s")
+    node.store.append("s", b"kept")
+    node.store.flush()
+    orphan = naming.chunk_name(node.container_id, "s", 1, node.container.metadata.epoch, 4)
+    node.storage.create(orphan, b"a flush whose layout update was lost")
+    listed = node.faults.calls["list"]
+    node.restart(wait=False, hold_tier1=True)  # recovery waits to write the new epoch's checkpoint
+    wait_until(lambda: node.data_log.writes and not node.data_log.gate.is_set(), what="recovery under way")
+    wait_until(lambda: node.faults.calls["list"] > listed, what="Tier 2 listed before the epoch's checkpoint")
+    node.data_log.gate.set()
+    node.store.wait_ready(10)
+    assert node.faults.calls["list"] == listed + 1
+    assert not node.storage.exists(orphan)
+    assert node.store.read("s", 0, 4).data == b"kept"
 
 
 class HeldWrites(MemoryChunkStorage):

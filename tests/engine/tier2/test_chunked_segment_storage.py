@@ -163,7 +163,7 @@ def test_garbage_collection_keeps_referenced_and_current_epoch_chunks() -> None:
     chunked.epoch = 2
     current = chunked.write("s", 1, kept, 4, b"current", 100)[-1]
     exported = chunked.export_layout("s", kept, 4)
-    deleted = chunked.collect_garbage({kept[0].name})
+    deleted = chunked.collect_garbage({kept[0].name}, chunked.chunk_names())
     assert deleted == [orphan.name]
     for name in (kept[0].name, current.name, foreign[0].name, exported):
         assert storage.exists(name)
