@@ -11,10 +11,13 @@ and acts only for itself, one step at a time:
   that share. Nodes tied for the fewest start at different free containers
   (by their rank among them), so a dead node's containers are claimed in
   one round, not one more round per container;
-- while some node holds two or more fewer than the most loaded one, the most
-  loaded node (the first by id among equals) hands one container over, one
-  that has settled (not just recovered after a move: a node that comes back
-  then costs one more move, not two).
+- while some node holds two or more fewer than the most loaded one and no
+  container is free, the most loaded node (the first by id among equals)
+  hands one container over, one that has settled (not just recovered after
+  a move: a node that comes back then costs one more move, not two). A free
+  container goes to the node with the fewest first: handing another over
+  before that claim is seen would move one container too many (the giver
+  would claim it back).
 
 Views of different nodes may briefly differ; conflicting claims are settled
 by the lease's compare-and-set, and the rule converges once views agree.
@@ -67,6 +70,8 @@ def plan(
     if long_free and mine < fair_ceiling:
         return Plan(claim=tuple(sorted(long_free)[: fair_ceiling - mine]))
     most = max(counts.values())
+    if free:
+        return Plan()  # claimed first, by the node with the fewest: then the counts say what moves
     if most - fewest > 1 and me == min(node for node, count in counts.items() if count == most):
         held = sorted(
             container

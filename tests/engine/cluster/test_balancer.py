@@ -1,4 +1,5 @@
-"""The balancer: claims spread over the nodes tied for the fewest; only settled containers are handed over."""
+"""The balancer: claims spread over the nodes tied for the fewest; only settled containers are handed over;
+nothing is handed over while a container is free."""
 
 from __future__ import annotations
 
@@ -19,3 +20,16 @@ def test_only_a_settled_container_is_handed_over() -> None:
     assert balancer.plan("b", live, owners, set(), 4, settled={2}).release == (2,)
     assert balancer.plan("b", live, owners, set(), 4, settled=set()).release == ()
     assert balancer.plan("b", live, owners, set(), 4).release == (2,)
+
+
+def test_nothing_is_handed_over_while_a_container_is_free() -> None:
+    """A node back from a restart, with two containers just handed to it and not claimed yet, as b sees it.
+
+    Handing a third over would leave b with one and a with three once a claims: b would claim one back.
+    """
+    live = {"a", "b", "c"}
+    owners = {0: "b", 2: "b", 1: "c", 3: "c"}
+    free = {4, 5}  # released by b and c for a, which has not claimed them yet
+    assert balancer.plan("b", live, owners, free, 6) == balancer.Plan()
+    assert balancer.plan("a", live, owners, free, 6).claim == (4, 5)
+    assert balancer.plan("b", live, owners | {4: "a", 5: "a"}, set(), 6) == balancer.Plan()
