@@ -168,6 +168,18 @@ def last_event_id(request: Request) -> int | None:
     return None if raw is None else _int_in_range(raw, "Last-Event-ID", 0, InvalidHeader)
 
 
+def only_params(request: Request, *allowed: str) -> None:
+    """Refuse (400) query parameters the route does not serve.
+
+    Ignored, a misspelt one would change the answer unseen: ``?max_length=100``
+    for ``?length=100`` reads the whole segment.
+    """
+    unknown = sorted(set(request.args) - set(allowed))
+    if unknown:
+        served = ", ".join(allowed) if allowed else "none"
+        raise InvalidArgument(f"unknown query parameter(s) {unknown}; served here: {served}"[:200])
+
+
 def _param(request: Request, name: str) -> str | None:
     values = request.args.getlist(name)
     if not values:

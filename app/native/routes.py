@@ -370,6 +370,15 @@ _CUSTOM: dict[str, dict[str, dict[str, Handler]]] = {
 }
 
 
+# The query parameters each form serves (openapi.yaml); any other is refused (400), not ignored.
+_READ_PARAMS = ("offset", "length", "wait")
+_PLAIN_PARAMS: dict[str, tuple[str, ...]] = {"GET": _READ_PARAMS, "HEAD": _READ_PARAMS}
+_CUSTOM_PARAMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("attributes", "GET"): ("keys",),
+    ("partitions", "GET"): ("target_bytes",),
+}
+
+
 def _match(form: str, rest: str) -> list[str] | None:
     """The ``{id}`` parts of ``rest`` (the path after the custom method) if it has ``form``, else None."""
     wanted, given = form.split("/"), rest.split("/")
@@ -408,6 +417,7 @@ def segment(target: str) -> Response:
     if not colon:
         if request.method not in _PLAIN:
             return method_not_allowed(_PLAIN)
+        params.only_params(request, *_PLAIN_PARAMS.get(request.method, ()))
         return _PLAIN[request.method](name)
     verb = custom.partition("/")[0]
     if verb not in _CUSTOM:  # most often a name with a colon in it, rarely a misspelt method
@@ -421,6 +431,7 @@ def segment(target: str) -> Response:
     method = "GET" if request.method == "HEAD" and "HEAD" not in handlers else request.method
     if method not in handlers:
         return method_not_allowed(handlers)
+    params.only_params(request, *_CUSTOM_PARAMS.get((verb, method), ()))
     return handlers[method](name, *args)
 
 
@@ -443,6 +454,7 @@ bp.record_once(_add_segment_rule)
 def list_segments() -> Response:
     """List segments in name order: ``prefix``, ``after`` (exclusive), ``limit`` per page."""
     ops.set_route("/v1/segments")
+    params.only_params(request, "prefix", "after", "limit")
     prefix = params.str_param(request, "prefix") or ""
     if "#" in prefix:
         raise InvalidName("a listing prefix never contains '#': no segment a user names does")

@@ -37,9 +37,11 @@ def test_any_content_type_is_stored_as_bytes(client: FlaskClient, segment: str) 
     assert client.get(segment).data == b'{"a": 1}a=1&b=2'
 
 
-@pytest.mark.parametrize("query", ["", "?x=1"])  # the append shortcut, and the view
-def test_append_to_a_missing_segment_says_to_create_it_first(client: FlaskClient, query: str) -> None:
-    problem = assert_problem(client.post("/v1/segments/no/such" + query, data=b"x"), 404, "SegmentNotFound")
+@pytest.mark.parametrize("coding", [None, "identity"])  # the append shortcut, and the view (a coding named)
+def test_append_to_a_missing_segment_says_to_create_it_first(client: FlaskClient, coding: str | None) -> None:
+    named = {"HTTP_TRANSFER_ENCODING": coding} if coding else {}
+    sent = client.post("/v1/segments/no/such", data=b"x", environ_overrides=named)
+    problem = assert_problem(sent, 404, "SegmentNotFound")
     assert problem["detail"].endswith("create it first: PUT /v1/segments/no/such")
 
 

@@ -254,3 +254,38 @@ def test_answers_without_a_body_have_no_content_type(client: FlaskClient, segmen
     assert stream.status_code == 201
     appended = client.post("/v1/stream/no-type/s", data=b"x", content_type="text/plain")
     assert appended.status_code == 204 and "Content-Type" not in appended.headers
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "query"),
+    [
+        ("GET", "", "offset=0&max_length=4"),  # a misspelt length would read the whole segment
+        ("HEAD", "", "verbose=1"),
+        ("POST", "", "offset=0"),
+        ("PUT", "", "rollover=1"),
+        ("DELETE", "", "force=true"),
+        ("GET", ":info", "fields=length"),
+        ("POST", ":seal", "now=1"),
+        ("GET", ":attributes", "keys=00000000-0000-0000-0000-000000000001&all=1"),
+        ("GET", ":partitions", "target=1"),
+    ],
+)
+def test_a_query_parameter_a_route_does_not_serve_is_refused_and_changes_nothing(
+    client: FlaskClient, segment: str, method: str, suffix: str, query: str
+) -> None:
+    assert client.post(segment, data=b"0123456789").status_code == 200
+    body = b"more" if method == "POST" else None
+    response = client.open(f"{segment}{suffix}?{query}", method=method, data=body)
+    assert response.status_code == 400
+    if method != "HEAD":
+        problem = assert_problem(response, 400, "InvalidArgument")
+        assert "unknown query parameter" in problem["detail"]
+    assert client.get(f"{segment}:info").get_json()["length"] == 10
+    assert client.get(f"{segment}?offset=2&length=4").data == b"2345"
+
+
+def test_a_listing_refuses_a_parameter_it_does_not_serve(client: FlaskClient, segment: str) -> None:
+    body = assert_problem(client.get("/v1/segments?prefix=scope/&max=1"), 400, "InvalidArgument")
+    assert "['max']" in body["detail"] and "prefix, after, limit" in body["detail"]
+    page = client.get("/v1/segments?prefix=scope/&limit=1").get_json()
+    assert page["segments"][0]["name"] == "scope/stream/0"
