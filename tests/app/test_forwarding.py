@@ -299,14 +299,11 @@ def test_a_deduplicated_append_answered_here_after_its_owner_failed_keeps_its_bo
     assert read == [b"event"]
 
 
-@pytest.mark.parametrize(
-    ("method", "status", "code"),
-    [("GET", "200 OK", None), ("POST", "502 BAD GATEWAY", "OutcomeUnknown")],
-)
-def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
-    method: str, status: str, code: str | None
-) -> None:
-    """A read is sent again (here it ends answered by this node's surface: 503 while nobody serves)."""
+def silent_owner() -> tuple[socket.socket, list[socket.socket]]:
+    """A node that takes one request and never answers it (a paused node's kernel takes it so).
+
+    Its listener, and the connections it took (left open until the test closes them).
+    """
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -315,9 +312,21 @@ def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
     def accept_then_pause() -> None:
         conn, _ = listener.accept()
         conn.recv(65536)
-        taken.append(conn)  # open, and never answered
+        taken.append(conn)
 
     threading.Thread(target=accept_then_pause, daemon=True).start()
+    return listener, taken
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "code"),
+    [("GET", "200 OK", None), ("POST", "502 BAD GATEWAY", "OutcomeUnknown")],
+)
+def test_an_owner_that_takes_the_request_and_goes_silent_is_given_up_on(
+    method: str, status: str, code: str | None
+) -> None:
+    """A read is sent again (here it ends answered by this node's surface: 503 while nobody serves)."""
+    listener, taken = silent_owner()
     store = FakeStore(wait_s=0.5, ready_at=None)
     store.settings = Settings(
         container_count=4, tail_wait_max_s=0.3, lease_s=1
@@ -361,17 +370,7 @@ def test_a_repeatable_request_to_a_paused_owner_goes_to_the_next_owner_once_the_
 
     A plain append stays with the owner it went to (it may have been applied there).
     """
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    taken: list[socket.socket] = []
-
-    def accept_then_pause() -> None:
-        conn, _ = listener.accept()
-        conn.recv(65536)
-        taken.append(conn)  # open, and never answered: a paused node's kernel took the request
-
-    threading.Thread(target=accept_then_pause, daemon=True).start()
+    listener, taken = silent_owner()
     next_owner = OneAnswer()
     store = FakeStore(wait_s=5, ready_at=None)
     store.settings = Settings(container_count=4, tail_wait_max_s=2, lease_s=1)  # silent for 3 s
