@@ -319,6 +319,8 @@ class ObjectLogRecovery:
         moved on while we filled), then the holes below ``top`` once they are
         known to be writes that never landed.
         """
+        # The start first, then the listing, not both at once: a listing older than the start it is
+        # judged against may lack the start's object (truncated between), which reads as corruption.
         start = self._start()
         names = {index: size for index, size in self._listed().items() if index >= start}
         if start and start not in names:
