@@ -155,6 +155,15 @@ class StorageWriter:
             except (OSError, ChunkStorageError, SegstoreError) as exc:
                 if self._stop.is_set():
                     return  # the log closed under the flush: the next owner writes its bytes again
+                if self.durable_log.failure is not None:  # fenced, or its processor failed: for good
+                    log.info(
+                        "container %d: Tier 2 flushes stop, as the Tier 1 log takes no more writes (%s); "
+                        "its bytes stay in Tier 1 for the next owner",
+                        self.container_id,
+                        self.durable_log.failure,
+                    )
+                    self._stop.set()  # a flush waited for ends now
+                    return
                 self.metrics.tier2_errors.inc()
                 self.failing = exc
                 backoff = min(max(0.1, backoff * 2), _BACKOFF_MAX_S)

@@ -9,6 +9,7 @@ write, else with ``OutcomeUnknown``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -275,6 +276,27 @@ def test_a_fence_fails_every_batch_in_flight_and_stops_the_container(pipelined: 
     assert answered[: answered.count(True)] == [True] * answered.count(True)  # in order: a prefix at most
     with pytest.raises(ContainerNotReady, match="fenced"):
         pipelined.store.append("s", b"late")
+
+
+def test_a_fenced_log_stops_the_tier2_flushes_quietly(
+    pipelined: Pipelined, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flush whose layout commit meets the fence ends the storage writer: no warning, no retries."""
+    pipelined.store.create("s")
+    pipelined.store.append("s", b"kept")
+    list(ObjectDataLog(pipelined.wal, 0, max_frame_bytes=4096).recover())  # a new owner fences
+    with pytest.raises((ContainerNotReady, OutcomeUnknown), match="fenced"):
+        pipelined.store.append("s", b"late")
+    caplog.set_level(logging.INFO, "engine")
+    writer = pipelined.container.storage_writer
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        writer.flush(10)
+    assert time.monotonic() - began < 5, "the flush waited for a writer that had stopped"
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("engine")]
+    assert any("Tier 2 flushes stop" in m and "fenced" in m for m in messages), messages
+    assert not any("Tier 2 flush failed" in m for m in messages), messages
+    assert writer.failing is None
 
 
 def appended(batches: list) -> list[bytes]:
