@@ -197,20 +197,21 @@ class Forwarding:
                  node: str, base: str, deadline: float, kept: bytes | None) -> Iterable[bytes]:
         environ[ops.ROUTE_KEY] = FORWARDED_ROUTE
         address = self.store.hop_of(node) if self.hop is not None else None
+
+        def owns() -> bool:
+            owner = self.store.owner_of(subject)
+            return owner is not None and owner[0] == node
+
+        def watched(send: Callable[[], _Answer]) -> _Answer:
+            return send() if kept is None else _while_owner(send, owns)
+
         answer = None
         if address is not None:
             with contextlib.suppress(HopRefused):  # not on this machine after all, or gone: HTTP tells
-                answer = self._over_hop(environ, node, address, kept)
+                answer = watched(lambda: self._over_hop(environ, node, address, kept))
         transport = "hop" if answer is not None else "http"
         if answer is None:
-            def send() -> _Answer:
-                return self._over_http(environ, node, base, deadline, kept)
-
-            def owns() -> bool:
-                owner = self.store.owner_of(subject)
-                return owner is not None and owner[0] == node
-
-            answer = send() if kept is None else _while_owner(send, owns)
+            answer = watched(lambda: self._over_http(environ, node, base, deadline, kept))
         status, headers, pieces = answer
         headers.append((OWNER, node))
         self.transports[transport].inc()
@@ -218,7 +219,7 @@ class Forwarding:
         return pieces
 
     def _over_hop(self, environ: dict[str, Any], node: str, address: str,
-                  kept: bytes | None) -> tuple[str, list[tuple[str, str]], Iterable[bytes]]:
+                  kept: bytes | None) -> _Answer:
         """The request through the owner's Unix socket (app/hop.py): its WSGI variables, no HTTP."""
         assert self.hop is not None
         variables = {

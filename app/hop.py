@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -348,6 +348,24 @@ def _send_body(conn: _Connection, body: Iterable[bytes]) -> Exception | None:
             conn.sock.sendall(data)
 
 
+class AnswerBody:
+    """An answer's body as it comes; closed before it was read, its connection is closed too."""
+
+    def __init__(self, pieces: Generator[bytes, None, None], conn: _Connection) -> None:
+        self._pieces = pieces
+        self._conn = conn
+        self._begun = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        self._begun = True
+        return self._pieces
+
+    def close(self) -> None:
+        if not self._begun:  # the reader's cleanup never ran: no answer is left half read on it
+            self._conn.close()
+        self._pieces.close()
+
+
 class HopClient:
     """A forwarder's connections to owners' sockets, kept open between requests."""
 
@@ -358,7 +376,7 @@ class HopClient:
 
     def send(
         self, address: str, head: RequestHead, body: Iterable[bytes]
-    ) -> tuple[AnswerHead, Iterator[bytes]]:
+    ) -> tuple[AnswerHead, AnswerBody]:
         """Send a request; its answer's head, and its body as it comes.
 
         HopRefused if nothing was sent; HopFailed if the owner failed or went
@@ -389,7 +407,7 @@ class HopClient:
         if body_error is not None:  # the client's body failed, not the owner: its request is cut off
             conn.close()
             raise body_error
-        return answer, self._pieces(address, conn)
+        return answer, AnswerBody(self._pieces(address, conn), conn)
 
     def close(self) -> None:
         """Close the idle connections."""
@@ -432,7 +450,7 @@ class HopClient:
             if not idle:
                 self._idle.pop(address, None)
 
-    def _pieces(self, address: str, conn: _Connection) -> Iterator[bytes]:
+    def _pieces(self, address: str, conn: _Connection) -> Generator[bytes, None, None]:
         ended = False
         try:
             while True:

@@ -13,6 +13,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from app.hop_frames import (
     frame,
     read_frame,
 )
+from engine import Settings
 from tests.app.test_forwarding import SUBJECTS, FakeStore, OneAnswer, environ
 
 
@@ -360,6 +362,34 @@ def test_an_owner_that_fails_over_the_hop_is_given_up_on_by_the_forwardings_rule
         assert body == b"got " and headers["Segment-Owner"] == "b"
     else:
         assert json.loads(body)["code"] == "OutcomeUnknown"
+    assert forwarding.hop is not None
+    forwarding.hop.close()
+
+
+def test_a_read_over_the_hop_to_a_paused_owner_goes_to_the_next_owner_once_the_view_names_it(
+    server: HopServer, tmp_path: Path
+) -> None:
+    """Not after the owner's silence (3 s here): its lease ran out long before."""
+    paused = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    paused.bind(str(tmp_path / "paused.sock"))
+    paused.listen(1)  # the kernel takes the request; nobody answers it
+    store = HopStore(str(tmp_path / "paused.sock"))
+    store.settings = Settings(container_count=4, tail_wait_max_s=2, lease_s=1)
+    store.owner = ("a", "http://127.0.0.1:9")
+
+    def moved() -> None:
+        store.hop, store.owner = server.address, ("b", "http://127.0.0.1:9")
+
+    mover = threading.Timer(0.4, moved)
+    mover.start()
+    request = environ("/v1/segments/x", "GET")
+    started = time.monotonic()
+    statuses, headers, body, forwarding = forward(store, request)
+    took = time.monotonic() - started
+    mover.join()
+    paused.close()
+    assert statuses == ["200 OK"] and body == b"got " and headers["Segment-Owner"] == "b"
+    assert 0.4 <= took < 1.5, f"answered after {took:.2f} s"
     assert forwarding.hop is not None
     forwarding.hop.close()
 
