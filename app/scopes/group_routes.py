@@ -88,7 +88,7 @@ def _cuts_json(readers: Readers, scope: str, found: dict[str, Any]) -> dict[str,
 
 # ----------------------------------------------------------------- handlers
 def create_group(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     body = params.json_object_body(request, {"streams", "start", "lease_s"}, required=True)
     streams = body.get("streams")
     if not isinstance(streams, list) or not streams or len(streams) > STREAMS_MAX:
@@ -106,18 +106,18 @@ def create_group(scope: str, group: str) -> Response:
 
 
 def get_group(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     return _json(_readers().describe(scope, group))
 
 
 def delete_group(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     _readers().delete(scope, group)
     return Response(status=204)
 
 
 def join(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     body = params.json_object_body(request, {"reader"}, required=True)
     reader = body.get("reader")
     if not isinstance(reader, str):
@@ -166,7 +166,7 @@ def _frames(found: fetch.Fetched) -> Response:
 
 
 def commit(scope: str, group: str, reader: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     body = params.json_object_body(request, {"generation", "positions"}, required=True)
     positions = _positions(body.get("positions", {}))
     _readers().commit(scope, group, check_part(reader, "reader"), _generation(body), positions)
@@ -174,7 +174,7 @@ def commit(scope: str, group: str, reader: str) -> Response:
 
 
 def start_checkpoint(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     params.json_object_body(request, set(), required=False)
     checkpoint_id, started = _readers().start_checkpoint(scope, group)
     location = f"{request.script_root}{PREFIX}/{scope}/reader-groups/{group}/checkpoints/{checkpoint_id}"
@@ -182,13 +182,13 @@ def start_checkpoint(scope: str, group: str) -> Response:
 
 
 def get_checkpoint(scope: str, group: str, checkpoint_id: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     complete, found = _readers().checkpoint(scope, group, checkpoint_id)
     return _json({"id": checkpoint_id, "complete": complete, "cuts": _cuts_json(_readers(), scope, found)})
 
 
 def reset(scope: str, group: str) -> Response:
-    params.only_params(request, )
+    params.only_params(request)
     body = params.json_object_body(request, {"cuts"}, required=True)
     start = _start(body.get("cuts"), "cuts")
     _readers().reset(scope, group, start)
