@@ -66,7 +66,7 @@ bind = [_settings.bind]
 # from their environment, which gunicorn sets from raw_env when it starts (not on import).
 workers = _engine_settings.processes_to_start(os.cpu_count() or 1)
 raw_env = [f"SEGSTORE_PROCESSES={workers}"]
-worker_class = "gevent"
+worker_class = "app.worker.Worker"
 worker_connections = 2000
 preload_app = False
 graceful_timeout = 30

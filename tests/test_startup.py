@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from bench.servers import FAKE_AWS_ENV, MotoServer, ServerProcess, free_port
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -127,8 +128,8 @@ def test_the_start_up_line_and_the_access_log(tmp_path: Path) -> None:
 def test_a_node_of_processes_says_its_start_up_line_once(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = ServerProcess(data, processes=2)
-    with server:
-        pass
+    with server:  # ready once each process has recovered; the line once the first sees each container's owner
+        wait_until(lambda: "containers served by" in server.log_path.read_text(), "the start-up line", 10)
     log = server.log_path.read_text()
     started = [line for line in log.splitlines() if "segstore store: data folder" in line]
     assert len(started) == 1, log
