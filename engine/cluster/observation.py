@@ -1,8 +1,8 @@
 """A round's observation: every node record and lease of the cluster, read at once.
 
-A round waits about one read, not one per register: a slow bucket would
-otherwise stretch it by every read, and with it the time until a node sees a
-lease change. Each version counts as seen when its own read ended (after the
+A round waits about two reads (the two listings at once, then every register
+at once), not one per register: a slow bucket would otherwise stretch it by
+every read, and with it the time until a node sees a lease change. Each version counts as seen when its own read ended (after the
 write that made it began, as staleness needs), not when the slowest read of
 the round did.
 """
@@ -36,7 +36,8 @@ def observe(
     """Read every node record and lease on ``readers``; ``observer`` learns each version's age."""
     nodes: dict[str, NodeRecord] = {}
     leases: dict[int, tuple[LeaseRecord, str]] = {}
-    names = registers.names(node_prefix()) + registers.names(lease_prefix())
+    listings = [readers.submit(registers.names, prefix) for prefix in (node_prefix(), lease_prefix())]
+    names = [name for listing in listings for name in listing.result()]
 
     def read(name: str) -> tuple[Register | None, float]:
         register = registers.read(name)
