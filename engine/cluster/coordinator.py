@@ -13,7 +13,8 @@ node runs three things side by side:
 2. rounds, every sixth of ``lease_s``, and at the moment a lease it saw is
    due to run out: read every node record and lease, and apply the
    balancer's plan: hand over (stop the container, then release the lease,
-   then tell the other nodes to run a round) or claim (win the lease, then
+   then tell the other nodes to run a round, the taker first claiming the
+   container before it reads: ``Offer``) or claim (win the lease, then
    start the container, whose recovery fences the old Tier 1 writer);
 3. the stops of the containers given up.
 
@@ -44,7 +45,7 @@ from engine.cluster.holdings import MARGIN_SHARE, Holdings
 from engine.cluster.liveness import Liveness
 from engine.cluster.observation import Observed, observe
 from engine.cluster.peers import refuses_connections
-from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer
+from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer, Offer
 from engine.cluster.registers import RegisterConflict, RegisterError, Registers
 from engine.metrics import ClusterMetrics
 from engine.naming import (
@@ -108,7 +109,7 @@ class Coordinator:
         lease_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         metrics: ClusterMetrics | None = None,
-        released: Callable[[int], None] = lambda container: None,
+        released: Callable[[int, Offer | None], None] = lambda container, offer: None,
         hop: str = "",
         machine: str = "",
         gone: Callable[[str], bool] = lambda node: False,
@@ -127,6 +128,7 @@ class Coordinator:
         self._released = released
         self._gone = gone  # whether no process runs as a node now (the processes of one machine know)
         self._free_since: dict[int, float] = {}
+        self._offers: dict[int, Offer] = {}  # handed over to this node, to claim at the next round's start
         self._view = ClusterView()
         self._leases: dict[int, tuple[LeaseRecord, str]] = {}  # as last observed, for ``describe``
         self._others: set[str] = set()  # the other nodes' records last observed
@@ -173,7 +175,13 @@ class Coordinator:
         """
         view = self._view
         if node != self.node_id and node in view.nodes and not self.holds(container):
-            self._view = ClusterView(view.nodes, view.owners | {container: node})
+            self._view = ClusterView(view.nodes, view.owners | {container: node}, view.hops)
+
+    def offered(self, offer: Offer) -> None:
+        """Another node handed a container over: run a round now, claiming it first if it is for this one."""
+        if offer.to == self.node_id:
+            self._offers[offer.container] = offer
+        self._wake.set()
 
     def unreachable(self, node: str) -> None:
         """Note that ``node`` could not be reached just now (a request to it was refused).
@@ -252,8 +260,13 @@ class Coordinator:
     def leave(self) -> None:
         """Hand every container over cleanly and mark this node as leaving."""
         with self._lock:
+            view = self._view
+            counts = _counts(set(view.nodes) - {self.node_id}, view.owners)
             for container in self.leases.held():
-                self._release(container)
+                taker = _fewest(counts)
+                self._release(container, taker)
+                if taker is not None:
+                    counts[taker] += 1
             self._node = self._node.next_beat(leaving=True)
             self._write_node()
 
@@ -279,6 +292,7 @@ class Coordinator:
         """Hand failed containers back, observe the cluster, and claim or hand over what the balancer says."""
         with self._lock:
             self._hand_back_failed()
+            self._take_offers()
             try:
                 seen = self._observe()
             except RegisterError as exc:
@@ -434,7 +448,7 @@ class Coordinator:
             self.node_id, live, owners, free, self.container_count, long_free, settled=self.leases.settled()
         )
         for container in step.release:
-            self._release(container)
+            self._release(container, _fewest(_counts(live - {self.node_id}, owners)))
         for container in () if self._draining else step.claim:
             self._claim(container, seen.leases.get(container))
         # The view after this round's own moves, so it agrees with what this node serves.
@@ -443,6 +457,26 @@ class Coordinator:
         urls = {node: seen.nodes[node].url for node in live if node in seen.nodes}
         hops = {node: hop for node in urls if (hop := seen.nodes[node].hop_from(self._node.machine))}
         self._view = ClusterView(urls | {self.node_id: self._node.url}, after, hops)
+
+    def _take_offers(self) -> None:
+        """Claim the containers handed over to this node, before the round reads the cluster.
+
+        A hand-over then costs the taker one write, not a round of reads and
+        a write. The giver chose this node by the same rule as the balancer
+        (the live node with the fewest); one already at its fair share as
+        far as it knows leaves the container to the round.
+        """
+        while self._offers:
+            _, offer = self._offers.popitem()
+            container, view = offer.container, self._view
+            fair = -(-self.container_count // max(1, len(view.nodes)))
+            if self._draining or self.holds(container) or container in self.leases.stopping():
+                continue
+            if len(self.leases.held()) >= fair:
+                continue
+            self._claim(container, (LeaseRecord(container, None, offer.epoch), offer.version))
+            if self.holds(container):
+                self._view = ClusterView(view.nodes, view.owners | {container: self.node_id}, view.hops)
 
     def _claim(self, container: int, current: tuple[LeaseRecord, str] | None) -> None:
         name = lease_register_name(container)
@@ -471,12 +505,13 @@ class Coordinator:
         log.info("node %s claimed container %d (lease epoch %d)", self.node_id, container, record.epoch)
         self.host.start_container(container)
 
-    def _release(self, container: int) -> None:
+    def _release(self, container: int, taker: str | None = None) -> None:
         """Hand ``container`` over: stop it first, then free its lease, then tell the others.
 
         From the first step on it takes no request (503 with ``Retry-After``);
         the stop finishes what is in flight; the others run a round at once,
-        so the next owner claims it without waiting for its own.
+        and ``taker`` (the live node with the fewest, if any) claims it first
+        thing in that round, before it reads the cluster (``Offer``).
         """
         with self.leases.moving(container):
             held = self.leases.take_back(container)
@@ -487,10 +522,26 @@ class Coordinator:
             stopped_s = self.clock() - stopping
             name = lease_register_name(container)
             try:
-                self.registers.replace(name, held.record.released().encode(), held.version)
+                version = self.registers.replace(name, held.record.released().encode(), held.version)
             except (RegisterConflict, RegisterError) as exc:
                 log.warning("node %s could not release container %d (it expires instead): %s",
                             self.node_id, container, exc)
                 return
-        log.info("node %s handed container %d over (stopped in %.2f s)", self.node_id, container, stopped_s)
-        self._released(container)
+        log.info("node %s handed container %d over%s (stopped in %.2f s)", self.node_id, container,
+                 f" to node {taker}" if taker else "", stopped_s)
+        offer = None if taker is None else Offer(container, taker, held.record.epoch, version)
+        self._released(container, offer)
+
+
+def _counts(nodes: set[str], owners: dict[int, str]) -> dict[str, int]:
+    """How many containers each of ``nodes`` holds by ``owners``."""
+    counts = dict.fromkeys(nodes, 0)
+    for owner in owners.values():
+        if owner in counts:
+            counts[owner] += 1
+    return counts
+
+
+def _fewest(counts: dict[str, int]) -> str | None:
+    """The node with the fewest containers (the first by id among equals); None if there is none."""
+    return min(counts, key=lambda node: (counts[node], node)) if counts else None

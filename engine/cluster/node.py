@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.cluster.coordinator import ClusterView, Coordinator
+from engine.cluster.records import Offer
 from engine.cluster.registers import Registers
 from engine.metrics import ClusterMetrics
 
@@ -39,7 +40,7 @@ class ClusterNode:
         failed: Callable[[int], bool] = lambda container: False,
         clock: Callable[[], float] | None = None,
         metrics: ClusterMetrics | None = None,
-        released: Callable[[int], None] = lambda container: None,
+        released: Callable[[int, Offer | None], None] = lambda container, offer: None,
         hop: str = "",
         machine: str = "",
         gone: Callable[[str], bool] = lambda node: False,
@@ -82,6 +83,10 @@ class ClusterNode:
     def nudge(self) -> None:
         """Run a round now: another node released a container."""
         self.coordinator.nudge()
+
+    def offered(self, offer: Offer) -> None:
+        """Another node handed a container over: run a round now, claiming it first if it is for this node."""
+        self.coordinator.offered(offer)
 
     def learned(self, container: int, node: str) -> None:
         """``node`` just recovered ``container``: forward its requests there at once."""

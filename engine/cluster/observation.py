@@ -2,9 +2,9 @@
 
 A round waits about two reads (the two listings at once, then every register
 at once), not one per register: a slow bucket would otherwise stretch it by
-every read, and with it the time until a node sees a lease change. Each version counts as seen when its own read ended (after the
-write that made it began, as staleness needs), not when the slowest read of
-the round did.
+every read, and with it the time until a node sees a lease change. Each
+version counts as seen when its own read ended (after the write that made it
+began, as staleness needs), not when the slowest read of the round did.
 """
 
 from __future__ import annotations

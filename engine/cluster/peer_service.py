@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.cluster.peers import bytes_to_json, error_to_json, info_to_json
+from engine.cluster.records import Offer
 from engine.container.composite import Step, StepResult, results_to_json, steps_from_json
 from engine.errors import InvalidArgument, InvalidName, SegstoreError, Throttled
 from engine.types import ReadResult, SegmentInfo
@@ -146,11 +147,14 @@ def _writer_event_number(store: LocalStore, doc: dict[str, Any]) -> dict[str, An
 
 
 def _round(store: LocalStore, doc: dict[str, Any]) -> dict[str, Any]:
-    """Another node released a container (run a round now, so its next owner claims it at once) or
-    recovered one (``serves``: forward its requests there from now on, and run a round)."""
+    """Another node released a container (run a round now; ``offer``: the node that claims it first,
+    before its round reads the cluster) or recovered one (``serves``: forward its requests there from
+    now on, and run a round)."""
     if store.node is not None:
         if "serves" in doc:
             store.node.learned(int(doc["serves"]), str(doc["node"]))
+        if "offer" in doc:
+            store.node.offered(Offer.from_json(doc["offer"]))
         store.node.nudge()
     return {}
 

@@ -144,6 +144,28 @@ class LeaseRecord:
         return cls(container, owner, epoch, str(doc.get("write", "")))
 
 
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A container handed over to one node (``to``): the released lease's epoch and register version.
+
+    The taker claims it with a compare-and-set on that version at the start
+    of its next round, before it reads the cluster; if anything wrote the
+    lease since, the claim fails and the round decides as usual.
+    """
+
+    container: int
+    to: str
+    epoch: int
+    version: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Offer:
+        return cls(int(doc["container"]), str(doc["to"]), int(doc["epoch"]), str(doc["version"]))
+
+
 class Observer:
     """Remembers when this node first saw each version of each record, to judge staleness."""
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.cluster.peer_service import ServedSegments
 from engine.cluster.peers import PeerClient, PeerSegments
+from engine.cluster.records import Offer
 from engine.config import Settings
 from engine.errors import ContainerNotReady, SegstoreError
 from engine.naming import container_for
@@ -49,11 +50,14 @@ class ClusterWide:
         self.node = node
         self.client = client
 
-    def nudge(self, serves: int | None = None) -> None:
-        """Ask every other live node to run a round now: this node released a container, or recovered
-        the container ``serves`` (they forward its requests here at once)."""
+    def nudge(self, serves: int | None = None, offer: Offer | None = None) -> None:
+        """Ask every other live node to run a round now: this node released a container (``offer``
+        names who claims it first), or recovered the container ``serves`` (they forward its requests
+        here at once)."""
         view = self.node.view()
         body: dict[str, object] = {} if serves is None else {"serves": serves, "node": self.node.node_id}
+        if offer is not None:
+            body["offer"] = offer.to_json()
         for node, url in view.nodes.items():
             if node != self.node.node_id:
                 call = threading.Thread(target=self._nudge, args=(node, url, body), name="nudge", daemon=True)

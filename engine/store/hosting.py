@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from engine.cluster.records import Offer
 from engine.config import Settings, tier1_location, tier2_location
 from engine.container.segment_container import SegmentContainer
 from engine.container.state import FAILED
@@ -152,10 +153,11 @@ class ContainerHosting:
             self._containers = sorted(self._by_id.values(), key=lambda c: c.container_id)
         threading.Thread(target=self._record_once_ready, args=(container, claimed_at), daemon=True).start()
 
-    def _released(self, container_id: int) -> None:
-        """This node handed ``container_id`` over: the others run a round, and its next owner claims it."""
+    def _released(self, container_id: int, offer: Offer | None) -> None:
+        """This node handed ``container_id`` over: the others run a round, and its next owner
+        (``offer.to``) claims it first thing in that round."""
         if self._wide is not None:
-            self._wide.nudge()
+            self._wide.nudge(offer=offer)
 
     def _record_once_ready(self, container: SegmentContainer, claimed_at: float) -> None:
         """Once recovered: the takeover's time, the store record, and the other nodes told to look.

@@ -47,7 +47,6 @@ from engine.tier2.chunk_storage import (
 )
 
 log = logging.getLogger(__name__)
-log = logging.getLogger(__name__)
 
 # The most writes a writer of the log may have in flight; a fence covers as many names.
 REACH = TIER1_WRITES_IN_FLIGHT_MAX

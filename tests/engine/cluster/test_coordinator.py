@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from engine.cluster.coordinator import RECOVERY_S, ClusterMismatch, Coordinator
-from engine.cluster.records import LeaseRecord
+from engine.cluster.records import LeaseRecord, Offer
 from engine.cluster.registers import MemoryRegisters, Register, RegisterError, S3Registers
 from engine.metrics import ClusterMetrics
 from engine.naming import lease_register_name
@@ -95,12 +95,19 @@ class Cluster:
         coordinator = Coordinator(
             cut, node_id=node, url=f"http://{node}", container_count=self.containers, host=host,
             lease_s=LEASE_S, clock=self.clock, metrics=ClusterMetrics(self.registries[node]),
-            released=lambda container: self.released.append((node, container)),
+            released=lambda container, offer: self.announce(node, container, offer),
             refuses=lambda url: url in self.refusing,
         )
         coordinator.join()
         self.nodes[node], self.hosts[node], self.cuts[node] = coordinator, host, cut
         return coordinator
+
+    def announce(self, node: str, container: int, offer: Offer | None) -> None:
+        """``node`` handed ``container`` over: tell the others, as its peer calls would."""
+        self.released.append((node, container))
+        for other, coordinator in self.nodes.items():
+            if other != node and offer is not None:
+                coordinator.offered(offer)
 
     def check(self) -> None:
         for container in range(self.containers):
@@ -576,3 +583,41 @@ def test_a_round_reads_the_registers_at_once() -> None:
     started = time.monotonic()
     cluster.nodes["a"].round()
     assert time.monotonic() - started < 2.5 * SlowReads.READ_S
+
+
+def _handed_to_b(cluster: Cluster) -> int:
+    """Node a holds every container for long; b joins, and a hands one over to it: that container."""
+    cluster.add("a")
+    cluster.rounds(12)
+    assert counts(cluster.held(), ["a"]) == [4]
+    cluster.add("b")
+    cluster.nodes["a"].round()
+    (handed,) = [container for node, container in cluster.released if node == "a"]
+    assert not cluster.nodes["b"].holds(handed)
+
+    def listing_fails(prefix: str) -> list[str]:
+        raise RegisterError(f"listing of {prefix!r} failed")
+
+    cluster.cuts["b"].names = listing_fails  # type: ignore[attr-defined]
+    return handed
+
+
+def test_a_hand_overs_taker_claims_it_before_it_reads_the_cluster() -> None:
+    cluster = Cluster(4)
+    handed = _handed_to_b(cluster)
+    cluster.nodes["b"].round()  # its reads of the cluster fail: the claim came first
+    assert cluster.nodes["b"].holds(handed) and handed in cluster.hosts["b"].running
+    assert cluster.metric("b", "segstore_cluster_takeovers_total", lease="released") == 1
+
+
+def test_a_hand_over_someone_else_took_meanwhile_is_left_to_them() -> None:
+    cluster = Cluster(4)
+    handed = _handed_to_b(cluster)
+    name = lease_register_name(handed)
+    register = cluster.registers.read(name)
+    assert register is not None
+    taken = LeaseRecord.decode(name, register.data).claimed_by("c")
+    cluster.registers.replace(name, taken.encode(), register.version)
+    cluster.nodes["b"].round()
+    assert not cluster.nodes["b"].holds(handed) and handed not in cluster.hosts["b"].running
+    cluster.check()
