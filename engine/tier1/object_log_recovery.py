@@ -107,6 +107,7 @@ class ObjectLogRecovery:
         self._broken: str | None = None
         self._prefetch: Future[None] | None = None  # recovery's early read of the log's objects...
         self._ahead: dict[int, WalObject] = {}  # ...and what it read
+        self._newer_check: Future[Writer | None] | None = None  # recovery's look for a newer epoch
 
     @property
     def writer(self) -> Writer:
@@ -193,6 +194,7 @@ class ObjectLogRecovery:
         (``_after_clean_close``).
         """
         cache: dict[int, WalObject] = {}  # objects never change: each is read once
+        self._newer_check = None
         with ThreadPoolExecutor(2) as aside:
             # While the epoch is claimed (and the log fenced): the clean-close records, and the log's objects.
             closes = aside.submit(self._close_records)
@@ -206,7 +208,8 @@ class ObjectLogRecovery:
             finally:
                 self._prefetch = None
         self._ahead = {}
-        newer = self._newer_owner(force=True)
+        check, self._newer_check = self._newer_check, None
+        newer = check.result() if check is not None else self._newer_owner(force=True)
         if newer is not None:
             raise self._fence_error(newer)
         self._garbage += [(name, 0, 0.0) for name in obsolete]
@@ -394,8 +397,12 @@ class ObjectLogRecovery:
         meeting such a claim later goes past it: ``_passed_claims``).
         """
         while True:
-            with ThreadPoolExecutor(1) as lister:  # both at once: every name up to our fence's end exists
+            with ThreadPoolExecutor(2) as lister:  # both at once: every name up to our fence's end exists
                 listing = lister.submit(self._listed)
+                if self._newer_check is None:
+                    # Recovery's last step, whether an epoch newer than ours was claimed meanwhile, is
+                    # asked now too: a listing of the epochs, which nothing read here changes.
+                    self._newer_check = lister.submit(self._newer_owner, force=True)
                 markers = self._markers()
                 listed = listing.result()
             start = (markers or [0])[-1]

@@ -9,6 +9,7 @@ and in the server tests.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -710,3 +711,45 @@ def test_recovery_reads_the_log_while_it_claims_its_epoch_and_reads_no_object_tw
     assert read == payloads
     assert storage.read_before_claim, "the log's objects were read only after the epoch was claimed"
     assert storage.reads and max(storage.reads.values()) == 1, storage.reads
+
+
+class TimedListings(MemoryChunkStorage):
+    """Once an epoch is claimed, each listing of the epochs or the WAL takes 0.2 s and is timed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed = False
+        self.epochs: list[tuple[float, float]] = []
+        self.wal: list[tuple[float, float]] = []
+
+    def create(self, name: str, data: bytes = b"") -> ChunkHandle:
+        handle = super().create(name, data)
+        self.claimed = self.claimed or name.startswith(epoch_prefix(C))
+        return handle
+
+    def list(self, prefix: str = "") -> Iterator[ChunkInfo]:
+        timed = {epoch_prefix(C): self.epochs, wal_prefix(C): self.wal}.get(prefix)
+        if not self.claimed or timed is None:
+            return super().list(prefix)
+        began = time.monotonic()
+        time.sleep(0.2)
+        listed = [*super().list(prefix)]
+        timed.append((began, time.monotonic()))
+        return iter(listed)
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["after a clean close", "fenced"])
+def test_recovery_looks_for_a_newer_epoch_while_it_lists_the_log_to_read_it(clean: bool) -> None:
+    storage = TimedListings()
+    old, _ = opened(storage)
+    for i in range(5):
+        old.append(b"write %d" % i)
+    if clean:
+        old.close()
+    storage.claimed = False
+    storage.epochs.clear()
+    storage.wal.clear()
+    _, read = opened(storage)
+    assert read == [b"write %d" % i for i in range(5)]
+    (check,) = storage.epochs  # the epoch's claim listed them before it was claimed: not timed
+    assert any(check[0] < end and start < check[1] for start, end in storage.wal), (check, storage.wal)
