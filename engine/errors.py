@@ -147,3 +147,8 @@ class StoreLocked(SegstoreError):
 class Misconfigured(InvalidArgument):
     """The settings cannot work, whatever is retried: another Tier 2 than the data folder was
     created with, a missing bucket, refused credentials. The server refuses to start."""
+
+    @classmethod
+    def unusable(cls, where: str, why: Exception) -> Misconfigured:
+        """A tier that refuses us (``where``: "Tier 2 at s3://b/p", say): the one wording of that refusal."""
+        return cls(f"{where} cannot be used: {why}")

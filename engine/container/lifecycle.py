@@ -180,8 +180,7 @@ class ContainerLifecycle:
                 self._collect_garbage(listed())
                 return
             except ChunkStorageUnusable as exc:
-                where = tier2_location(self.settings)
-                raise Misconfigured(f"Tier 2 at {where} cannot be used: {exc}") from None
+                raise Misconfigured.unusable(f"Tier 2 at {tier2_location(self.settings)}", exc) from None
             except (ChunkStorageError, OSError) as exc:
                 log.warning(
                     "container %d: Tier 2 does not answer (%s); trying again in %.1fs",

@@ -45,6 +45,6 @@ def _check_tier2(tiers: Tiers, settings: Settings) -> None:
     try:
         next(iter(tiers.tier2().list(container_chunk_prefix(0))), None)
     except ChunkStorageUnusable as exc:
-        raise Misconfigured(f"Tier 2 at {tier2_location(settings)} cannot be used: {exc}") from None
+        raise Misconfigured.unusable(f"Tier 2 at {tier2_location(settings)}", exc) from None
     except ChunkStorageError:
         pass  # an outage: waited for by the processes

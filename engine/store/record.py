@@ -158,7 +158,7 @@ def check_in_bucket(storage: ChunkStorage, settings: Settings) -> StoreRecord | 
     try:
         found = _read_from_bucket(storage, where)
     except ChunkStorageUnusable as exc:
-        raise Misconfigured(f"{where} cannot be used: {exc}") from None
+        raise Misconfigured.unusable(where, exc) from None
     except ChunkStorageError as exc:  # not waited for here: the server's start would time out
         raise ContainerNotReady(f"{where} does not answer: {exc}") from None
     if found is None:
