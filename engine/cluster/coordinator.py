@@ -350,7 +350,7 @@ class Coordinator:
                 log.warning(
                     "node %s: renewing its leases took %.1f s; a lease renewed every %.1f s runs out %.1f s "
                     "after its renewal began, so renewals this slow let leases run out while the node lives "
-                    "(the bucket answers slowly: raise lease_s)",
+                    "(the bucket answers slowly: raise lease_s; or the process was paused meanwhile)",
                     self.node_id, took, self.renew_every_s, self.lease_s * (1 - MARGIN_SHARE),
                 )
             due = min(self.leases.next_due(), began + self.renew_every_s)
