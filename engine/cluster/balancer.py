@@ -55,10 +55,7 @@ def plan(
     assert me in live, (me, live)
     assert not free & owners.keys(), "a container is free or owned, not both"
     assert long_free <= free, "a container free for long is free"
-    counts = {node: 0 for node in live}
-    for owner in owners.values():
-        if owner in counts:
-            counts[owner] += 1
+    counts = counts_of(live, owners)
     fair_ceiling = -(-container_count // len(live))
     fewest = min(counts.values())
     mine = counts[me]
@@ -80,3 +77,17 @@ def plan(
         )
         return Plan(release=(held[-1],)) if held else Plan()
     return Plan()
+
+
+def counts_of(nodes: Set[str], owners: Mapping[int, str]) -> dict[str, int]:
+    """How many containers each of ``nodes`` holds by ``owners``."""
+    counts = dict.fromkeys(nodes, 0)
+    for owner in owners.values():
+        if owner in counts:
+            counts[owner] += 1
+    return counts
+
+
+def fewest(counts: Mapping[str, int]) -> str | None:
+    """The node with the fewest containers (the first by id among equals); None if there is none."""
+    return min(counts, key=lambda node: (counts[node], node)) if counts else None

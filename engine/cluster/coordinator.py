@@ -41,19 +41,14 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from engine.cluster import balancer
-from engine.cluster.holdings import MARGIN_SHARE, Holdings
+from engine.cluster.holdings import Holdings
 from engine.cluster.liveness import Liveness
 from engine.cluster.observation import Observed, observe
 from engine.cluster.peers import refuses_connections
 from engine.cluster.records import ClusterRecord, LeaseRecord, NodeRecord, Observer, Offer
 from engine.cluster.registers import RegisterConflict, RegisterError, Registers
 from engine.metrics import ClusterMetrics
-from engine.naming import (
-    CLUSTER_RECORD,
-    lease_register_name,
-    node_register_name,
-    validate_node_id,
-)
+from engine.naming import CLUSTER_RECORD, lease_register_name, node_register_name, validate_node_id
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +256,9 @@ class Coordinator:
         """Hand every container over cleanly and mark this node as leaving."""
         with self._lock:
             view = self._view
-            counts = _counts(set(view.nodes) - {self.node_id}, view.owners)
+            counts = balancer.counts_of(set(view.nodes) - {self.node_id}, view.owners)
             for container in self.leases.held():
-                taker = _fewest(counts)
+                taker = balancer.fewest(counts)
                 self._release(container, taker)
                 if taker is not None:
                     counts[taker] += 1
@@ -312,7 +307,7 @@ class Coordinator:
         another node is due to run out (a crashed node's containers are
         claimed then, not a round later), or when another node asks for one.
         """
-        renewals = threading.Thread(target=self._run_renewals, args=(stop,),
+        renewals = threading.Thread(target=self.leases.run_renewals, args=(stop, self.renew),
                                     name=f"renewals-{self.node_id}", daemon=True)
         stops = threading.Thread(target=self.leases.run_stops, args=(stop,),
                                  name=f"stops-{self.node_id}", daemon=True)
@@ -332,33 +327,9 @@ class Coordinator:
         self._readers.shutdown(wait=False)
         self._writers.shutdown(wait=False)
 
-    def _run_renewals(self, stop: threading.Event) -> None:
-        """Renew until ``stop``: each lease when it is due, the heartbeat every renewal period.
-
-        A pass longer than the margin left (``lease_s`` less the margin, less
-        a renewal period) lets leases run out while the node lives: the
-        bucket answers too slowly for ``lease_s``. Such a pass is logged.
-        """
-        while not stop.is_set():
-            began = self.clock()
-            try:
-                self.renew()
-            except Exception:
-                log.exception("lease renewals of node %s failed", self.node_id)
-            took = self.clock() - began
-            if took > self.lease_s * (1 - MARGIN_SHARE) - self.renew_every_s:
-                log.warning(
-                    "node %s: renewing its leases took %.1f s; a lease renewed every %.1f s runs out %.1f s "
-                    "after its renewal began, so renewals this slow let leases run out while the node lives "
-                    "(the bucket answers slowly: raise lease_s; or the process was paused meanwhile)",
-                    self.node_id, took, self.renew_every_s, self.lease_s * (1 - MARGIN_SHARE),
-                )
-            due = min(self.leases.next_due(), began + self.renew_every_s)
-            stop.wait(max(0.01, due - self.clock()))
-
     def _next_expiry(self) -> float:
-        """When the next record of another node runs out as this node observes them: a lease it holds,
-        or its heartbeat.
+        """When the next record of another node runs out as this node observes them (a lease it holds,
+        or its heartbeat), or a node a request could not reach may be found dead.
 
         A dead node's leases and heartbeat run out at about the same moment,
         but the balancer gives its containers to the others only once the node
@@ -369,14 +340,9 @@ class Coordinator:
             lease_register_name(container)
             for container, (record, _version) in list(self._leases.items())
             if record.owner is not None and record.owner != self.node_id
-        ]
-        names += [node_register_name(node) for node in self._others]
-        soonest, now = math.inf, self.clock()
-        for name in names:
-            age = self._observer.age(name, now)
-            if age is not None and age < self.lease_s:
-                soonest = min(soonest, now - age + self.lease_s + 0.01)
-        return min(soonest, self.liveness.wake_at(now))  # a node a request could not reach may be dead
+        ] + [node_register_name(node) for node in self._others]
+        now = self.clock()
+        return min(self._observer.next_stale(names, now), self.liveness.wake_at(now))
 
     def _hand_back_failed(self) -> None:
         """Release the leases of containers that failed here, rather than keep them out of service.
@@ -448,7 +414,7 @@ class Coordinator:
             self.node_id, live, owners, free, self.container_count, long_free, settled=self.leases.settled()
         )
         for container in step.release:
-            self._release(container, _fewest(_counts(live - {self.node_id}, owners)))
+            self._release(container, balancer.fewest(balancer.counts_of(live - {self.node_id}, owners)))
         for container in () if self._draining else step.claim:
             self._claim(container, seen.leases.get(container))
         # The view after this round's own moves, so it agrees with what this node serves.
@@ -532,16 +498,3 @@ class Coordinator:
         offer = None if taker is None else Offer(container, taker, held.record.epoch, version)
         self._released(container, offer)
 
-
-def _counts(nodes: set[str], owners: dict[int, str]) -> dict[str, int]:
-    """How many containers each of ``nodes`` holds by ``owners``."""
-    counts = dict.fromkeys(nodes, 0)
-    for owner in owners.values():
-        if owner in counts:
-            counts[owner] += 1
-    return counts
-
-
-def _fewest(counts: dict[str, int]) -> str | None:
-    """The node with the fewest containers (the first by id among equals); None if there is none."""
-    return min(counts, key=lambda node: (counts[node], node)) if counts else None

@@ -198,6 +198,31 @@ class Holdings:
             with self._lock:
                 self._stopping.discard(container)
 
+    def run_renewals(self, stop: threading.Event, renew: Callable[[], None]) -> None:
+        """Call ``renew`` (the leases due, and the heartbeat) until ``stop``: each lease when it is due,
+        the heartbeat every renewal period.
+
+        A pass longer than the margin left (``lease_s`` less the margin, less
+        a renewal period) lets leases run out while the node lives: the
+        bucket answers too slowly for ``lease_s``. Such a pass is logged.
+        """
+        while not stop.is_set():
+            began = self.clock()
+            try:
+                renew()
+            except Exception:
+                log.exception("lease renewals of node %s failed", self.node_id)
+            took = self.clock() - began
+            if took > self.lease_s * (1 - MARGIN_SHARE) - self.renew_every_s:
+                log.warning(
+                    "node %s: renewing its leases took %.1f s; a lease renewed every %.1f s runs out %.1f s "
+                    "after its renewal began, so renewals this slow let leases run out while the node lives "
+                    "(the bucket answers slowly: raise lease_s; or the process was paused meanwhile)",
+                    self.node_id, took, self.renew_every_s, self.lease_s * (1 - MARGIN_SHARE),
+                )
+            due = min(self.next_due(), began + self.renew_every_s)
+            stop.wait(max(0.01, due - self.clock()))
+
     def run_stops(self, stop: threading.Event) -> None:
         """Stop lost containers as they are lost, until ``stop`` is set (then call ``end_stops``)."""
         while not stop.is_set():

@@ -15,8 +15,10 @@ it waits longer than the holder could still be acting (docs/cluster.md).
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -189,6 +191,15 @@ class Observer:
         """How long ``name`` has kept its version as this node saw it (None if never seen)."""
         known = self._seen.get(name)
         return None if known is None else now - known[1]
+
+    def next_stale(self, names: Iterable[str], now: float) -> float:
+        """When the first of ``names`` that is not stale yet turns stale (just after); inf if none will."""
+        soonest = math.inf
+        for name in names:
+            age = self.age(name, now)
+            if age is not None and age < self.lease_s:
+                soonest = min(soonest, now - age + self.lease_s + 0.01)
+        return soonest
 
     def forget(self, keep: set[str]) -> None:
         """Drop what is known of records that no longer exist."""

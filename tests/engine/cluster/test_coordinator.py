@@ -512,9 +512,8 @@ def test_renewals_slow_enough_to_let_leases_run_out_are_logged(caplog: pytest.Lo
         if not passes:
             stop.set()
 
-    node.renew = slow_renewals  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="engine.cluster.coordinator"):
-        node._run_renewals(stop)
+    with caplog.at_level(logging.WARNING, logger="engine.cluster.holdings"):
+        node.leases.run_renewals(stop, slow_renewals)
     (record,) = caplog.records  # the second pass only
     assert record.getMessage().startswith(
         f"node a: renewing its leases took {LEASE_S / 2:.1f} s; a lease renewed every {LEASE_S / 3:.1f} s "
