@@ -11,7 +11,6 @@ import io
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -98,12 +97,21 @@ def test_tail_follow_prints_new_bytes_until_sealed(
     client: SegmentClient,
     name: str,
     capsysbinary: pytest.CaptureFixture[bytes],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client.create(name)
     client.append(name, b"old-old-old|")
+    reading = threading.Event()
+    read = SegmentClient.read
 
-    def later() -> None:
-        time.sleep(0.3)
+    def first_read_seen(self: SegmentClient, *args: Any, **kwargs: Any) -> Any:
+        reading.set()
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(SegmentClient, "read", first_read_seen)
+
+    def later() -> None:  # once the command knows where the last 4 bytes start, however slow its start
+        assert reading.wait(30)
         client.append(name, b"new|")
         client.seal(name)
 
