@@ -119,8 +119,10 @@ class Overwriter:
             self.in_flight = body(self.count, self.rng)
             try:
                 overwrite(self.s3, BUCKET, self.count, self.in_flight)
-            except (ClientError, BotoCoreError):
-                return  # the server died under it
+            except (ClientError, BotoCoreError, KeyError):
+                # The server died under it. KeyError: an answer the kill cut after its head, which
+                # botocore parses as far as it came (it does not hold a body to its Content-Length).
+                return
             self.acknowledged, self.in_flight = self.in_flight, None
 
 
