@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         console,
         errors,
         forwarding,
+        handoff,
         hop,
         http_chunked,
         inputs,
@@ -112,7 +113,12 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
     if private is not None:
         from app.private_listener import serve_private
 
-        app.extensions["segstore.private"] = serve_private(private, app)
+        served = app.extensions["segstore.private"] = serve_private(private, app)
+        # A connection a sibling forwarded a request of comes here whole, served as this listener's own.
+        receiver = handoff.Receiver.bind(hop_server.address) if hop_server is not None else None
+        if receiver is not None:
+            receiver.start(served.do_handle)
+            app.extensions["segstore.handoff"] = receiver
     return app
 
 

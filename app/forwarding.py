@@ -54,7 +54,7 @@ import requests
 from prometheus_client import CollectorRegistry, Counter
 from urllib3.exceptions import NewConnectionError
 
-from app import ops
+from app import handoff, ops
 from app.errors import MalformedBody, render_segstore_error
 from app.hop import HopClient, HopFailed, HopRefused
 from app.hop_frames import RequestHead, is_variable
@@ -210,6 +210,8 @@ class Forwarding:
             with contextlib.suppress(HopRefused):  # not on this machine after all, or gone: HTTP tells
                 answer = watched(lambda: self._over_hop(environ, node, address, kept))
         transport = "hop" if answer is not None else "http"
+        if address is not None and answer is not None:  # the owner may take the connection itself
+            handoff.suggest(address)
         if answer is None:
             answer = watched(lambda: self._over_http(environ, node, base, deadline, kept))
         status, headers, pieces = answer

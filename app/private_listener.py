@@ -11,6 +11,7 @@ default the bind's), is its member's node URL.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -95,6 +96,7 @@ def bind_private(bind: str, advertise_url: str) -> tuple[socket.socket, str]:
 
 def serve_private(sock: socket.socket, app: Flask) -> Any:
     """Serve ``app`` on ``sock`` in the background (gevent's WSGI server); the server, to stop."""
+    from gevent.pool import Pool
     from gevent.pywsgi import WSGIHandler, WSGIServer
 
     class _Handler(WSGIHandler):
@@ -109,12 +111,32 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
                 if variable not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
                     yield "HTTP_" + variable, value
 
+        def read_requestline(self) -> str:
+            """The next request's line; none ("") once the server closes, which ends the connection."""
+            server: _Server = self.server
+            server.idle.add(self.socket)
+            try:
+                return "" if server.closing else str(super().read_requestline())
+            finally:
+                server.idle.discard(self.socket)
+
         def get_environ(self) -> dict[str, Any]:
             environ: dict[str, Any] = super().get_environ()
             environ["RAW_URI"] = self.path  # the path and query as sent, which forwarding passes on
             return environ
 
     class _Server(WSGIServer):
+        closing = False
+        idle: set[socket.socket]
+
+        def close(self) -> None:
+            """Take no connection; end the idle ones now, the others after the answer under way."""
+            self.closing = True
+            super().close()
+            for conn in list(self.idle):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RD)  # its wait for a next request line ends, empty
+
         def handle(self, conn: socket.socket, address: Any) -> None:
             # As gunicorn does on the public port: an event stream's small writes go out at once,
             # not held by Nagle's algorithm until the reader's delayed ACK (up to 40 ms a write).
@@ -122,6 +144,8 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             super().handle(conn, address)
 
-    server = _Server(sock, app, handler_class=_Handler, log=None)
+    # In a pool of its own, which a graceful stop waits for (app/worker.py).
+    server = _Server(sock, app, handler_class=_Handler, log=None, spawn=Pool())
+    server.idle = set()
     server.start()
     return server

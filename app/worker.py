@@ -5,8 +5,12 @@ stopping, at its open connections once a second too: a graceful stop (SIGTERM,
 a restart, a hand-over of a node's containers as it leaves) took one to two
 seconds however idle the process. This one wakes at once when ``alive`` turns
 false and exits as soon as the last connection ends, within
-``graceful_timeout``. Idle keep-alive connections still count as open until
+``graceful_timeout``: the public port's and those of the process's own
+listener (app/private_listener.py). Idle keep-alive connections still count as open until
 their ``keepalive`` runs out, as with gunicorn's own.
+
+It also passes a keep-alive connection to the sibling process a request on it
+was forwarded to, once that request is answered (app/handoff.py).
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from gevent.server import StreamServer
 from gunicorn.sock import ssl_context
 from gunicorn.workers.ggevent import GeventWorker
 
+from app import handoff
+
 # gunicorn's heartbeat: a worker that has not notified the arbiter for ``timeout`` is killed.
 _NOTIFY_EVERY_S = 1.0
+_DRAIN_BYTES = 8192
 
 
 class Worker(GeventWorker):
@@ -58,6 +65,13 @@ class Worker(GeventWorker):
         while self.alive:
             self.notify()
             self._stopping.wait(_NOTIFY_EVERY_S)
+        extensions = getattr(self.wsgi, "extensions", {})
+        receiver = extensions.get("segstore.handoff")
+        if receiver is not None:  # no connection comes from a sibling any more
+            receiver.close()
+        private = extensions.get("segstore.private")
+        if private is not None:  # this process's own listener: owner-aware clients, passed connections
+            servers.append(private)
         for server in servers:
             server.close()
         deadline = time.monotonic() + self.cfg.graceful_timeout
@@ -69,3 +83,23 @@ class Worker(GeventWorker):
                         each.stop(timeout=1)
                     return
                 self.notify()
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> None:
+        """gunicorn's, then the connection goes to the sibling its request was forwarded to, if it may.
+
+        gunicorn's raises StopIteration where the connection ends after the answer.
+        """
+        handoff.clear()
+        super().handle_request(listener_name, req, sock, addr)
+        target = handoff.suggested()
+        if target is None or not self.alive or self.cfg.is_ssl:
+            return
+        if _at_rest(req) and handoff.send(target, sock):
+            raise StopIteration  # gunicorn's loop ends and closes this process's descriptor only
+
+
+def _at_rest(req: Any) -> bool:
+    """Whether the connection is between two requests: the body read to its end, nothing read past it."""
+    while req.body.read(_DRAIN_BYTES):  # what gunicorn's parser would read before the next request
+        pass
+    return not req.unreader.buf.getbuffer().nbytes

@@ -218,6 +218,9 @@ def worker_exit(server, worker):
     app = getattr(worker, "wsgi", None)
     store = getattr(app, "extensions", {}).get("segstore") if app is not None else None
     hop = getattr(app, "extensions", {}).get("segstore.hop") if app is not None else None
+    receiver = getattr(app, "extensions", {}).get("segstore.handoff") if app is not None else None
+    if receiver is not None:
+        receiver.close()
     if hop is not None:  # no request comes over the Unix socket once the store closes
         hop.close()
     if store is not None:

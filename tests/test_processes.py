@@ -9,8 +9,10 @@ exactly once whatever happens to a process.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -149,6 +151,74 @@ def test_two_processes_split_the_containers_and_answer_for_each_other(node: Serv
             answer = requests.post(f"{url}/v1/segments/{name}", data=b"x;", timeout=10)
             assert answer.status_code == 200, answer.text
             assert answer.headers.get("Segment-Owner") in (None, *urls)
+
+
+def hops_forwarded(server: ServerProcess) -> float:
+    """Requests the node's processes passed on to each other over the local hop, so far."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    prefix = "segstore_forwarded_requests_total{"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(prefix) and 'transport="hop"' in line)
+
+
+def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(node: ServerProcess) -> None:
+    """After a request forwarded to its owner, the connection itself is the owner's (app/handoff.py):
+    one forward per connection at most, not one per request (half the requests of a connection that
+    the other process accepted)."""
+    moved = []
+    for name in SEGMENTS:
+        before = hops_forwarded(node)
+        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+        for i in range(10):
+            conn.request("POST", f"/v1/segments/{name}", body=f"{i};".encode())
+            answer = conn.getresponse()
+            assert answer.status == 200, answer.read()
+            answer.read()
+        conn.close()
+        forwarded = hops_forwarded(node) - before
+        assert forwarded <= 1, f"{name}: {forwarded} requests of one connection forwarded"
+        moved.append(forwarded)
+        stored = requests.get(f"{node.url}/v1/segments/{name}", timeout=10).content
+        assert stored == b"".join(f"{i};".encode() for i in range(10))
+    assert 0 < sum(moved) < len(SEGMENTS)  # each process accepted some (eight coins: all alike 1 in 128)
+
+
+def test_requests_sent_ahead_on_a_connection_are_answered_in_order(node: ServerProcess) -> None:
+    """A connection with the next request already read is not passed (its bytes would be lost)."""
+    for name in SEGMENTS:
+        ahead = b"".join(
+            f"POST /v1/segments/{name} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{i};".encode()
+            for i in range(5)
+        )
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as conn:
+            conn.sendall(ahead)
+            conn.sendall(f"GET /v1/segments/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            got = b""
+            while chunk := conn.recv(65536):
+                got += chunk
+        assert got.count(b"HTTP/1.1 200") == 6, got
+        assert got.endswith(b"0;1;2;3;4;"), got
+
+
+def test_a_connection_passed_to_its_owner_and_left_idle_does_not_hold_a_graceful_stop(
+    node: ServerProcess,
+) -> None:
+    idle = []
+    for name in SEGMENTS:
+        before = hops_forwarded(node)
+        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+        conn.request("POST", f"/v1/segments/{name}", body=b"x;")
+        assert conn.getresponse().read() is not None
+        if hops_forwarded(node) - before:  # passed: the owner's own listener holds it now
+            idle.append(conn)
+        else:
+            conn.close()  # gunicorn's: it would hold the stop for its keepalive
+    assert idle
+    began = time.monotonic()
+    assert node.stop(40) == 0
+    assert time.monotonic() - began < 4, "the passed connections held the stop"
+    for conn in idle:
+        conn.close()
 
 
 def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerProcess) -> None:

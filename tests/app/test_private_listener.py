@@ -139,3 +139,47 @@ def test_request_headers_read_and_forget_as_gevent_asks() -> None:
     assert headers.get("missing", "d") == "d" and headers.typeheader is None
     del headers["content-length"]
     assert list(headers.headers) == ["A: 1\r\n", "a: 2\r\n"]
+
+
+def test_a_closing_listener_ends_its_idle_connections_and_the_busy_ones_after_their_answer() -> None:
+    """A graceful stop waits for this listener's connections (app/worker.py): an idle keep-alive
+    connection, which has no timeout here, must not hold it until ``graceful_timeout``."""
+    app = Flask(__name__)
+
+    @app.get("/slow")
+    def slow() -> str:
+        gevent.sleep(0.5)
+        return "slow"
+
+    @app.get("/fast")
+    def fast() -> str:
+        return "fast"
+
+    sock, url = bind_private("127.0.0.1:0", "")
+    server = serve_private(gevent.socket.socket(sock.family, sock.type, fileno=sock.detach()), app)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    def answers(path: str, requests_before: int) -> bytes:
+        """``requests_before`` keep-alive requests for /fast, one for ``path``: all read till the close."""
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            for _ in range(requests_before):
+                conn.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"fast"):
+                    answer += conn.recv(65536)
+            if path:
+                conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            got = b""
+            while chunk := conn.recv(65536):
+                got += chunk
+            return got
+
+    pool = gevent.get_hub().threadpool
+    idle = pool.spawn(answers, "", 1)
+    busy = pool.spawn(answers, "/slow", 0)
+    gevent.sleep(0.2)
+    server.close()
+    assert server.pool.join(timeout=5)
+    assert idle.get(timeout=5) == b""  # ended without a word: it waited for a request
+    slow_answer = busy.get(timeout=5)
+    assert slow_answer.startswith(b"HTTP/1.1 200") and slow_answer.endswith(b"slow"), slow_answer
