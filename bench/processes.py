@@ -15,7 +15,10 @@ in each round (the order of the servers rotates from round to round):
     while 1,000 appends/s go out over 4 connections (bench.appends' tail
     measurement), target p50 at most 1.5 ms and p99 at most 3 ms; and
     ``EventWriter`` with linger 0 to a following ``EventReader`` at 1,000
-    events/s (bench.events'), target p50 at most 2 ms and p99 at most 5 ms.
+    events/s (bench.events'), target p50 at most 2 ms and p99 at most 5 ms;
+    next to the floor of the same run: the round trip of one 100-byte append
+    at a time to bare Flask on one worker (3 ms apart, as a tail's appends
+    are), which no segstore latency can go under on this machine.
 
 Everything runs on loopback in a temporary folder and stops by itself.
 """
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -35,9 +40,9 @@ from urllib.parse import urlsplit
 import requests
 
 from bench.appends import SMALL_APPEND_BYTES, _tail_latency, spread_segments
-from bench.common import Spread, create_segment, progress, run_in_workdir
+from bench.common import Spread, create_segment, percentile, progress, run_in_workdir
 from bench.events import segstore_latency
-from bench.load import LoadResult, LoadSpec, run_load
+from bench.load import HOST, LoadResult, LoadSpec, run_load
 from bench.servers import ServerProcess
 from engine import container_for
 
@@ -78,6 +83,25 @@ def owner_ports(server: ServerProcess, segments: Sequence[str]) -> tuple[int, ..
     return tuple(ports)
 
 
+def round_trip_ms(port: int, path: str, count: int = 300, gap_s: float = 0.003) -> float:
+    """The median milliseconds of ``count`` 100-byte appends to ``path``, one at a time, ``gap_s`` apart."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=10)
+    took = []
+    try:
+        for _ in range(count):
+            began = time.perf_counter()
+            conn.request("POST", path, body=b"r" * SMALL_APPEND_BYTES)
+            answer = conn.getresponse()
+            answer.read()
+            took.append((time.perf_counter() - began) * 1000)
+            if answer.status != 200:
+                raise RuntimeError(f"append to {path}: {answer.status}")
+            time.sleep(gap_s)
+    finally:
+        conn.close()
+    return percentile(took, 50)
+
+
 def _load(
     server: ServerProcess, segments: tuple[str, ...], ports: tuple[int, ...], plan: argparse.Namespace
 ) -> LoadResult:
@@ -104,6 +128,7 @@ def measure(plan: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     owner_aware: list[float] = []
     tails: list[Any] = []
     events: list[Any] = []
+    floors: list[float] = []
     servers = {config: _server(workdir, config) for config in CONFIGS}
     try:
         for server in servers.values():
@@ -128,6 +153,7 @@ def measure(plan: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             (port,) = owner_ports(two, [tail])
             tails.append(asyncio.run(_tail_latency(port, tail, TAIL_RATE, plan.tail_s, TAIL_CONNECTIONS)))
             events.append(segstore_latency(two, f"bench/events-r{r}", TAIL_RATE, plan.tail_s, 0.0))
+            floors.append(round_trip_ms(servers["bare-1"].port, "/v1/segments/bench/bare"))
     finally:
         for server in servers.values():
             server.__exit__(None, None, None)
@@ -148,6 +174,7 @@ def measure(plan: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     doc["events_linger_0"] = {
         name: asdict(Spread.of([getattr(e, name) for e in events])) for name in ("p50_ms", "p99_ms")
     }
+    doc["bare_round_trip_ms"] = asdict(Spread.of(floors))
     return doc
 
 
@@ -172,6 +199,8 @@ def render(doc: dict[str, Any]) -> str:
         f"(target <= 1.5), p99 {show(doc['tail']['delivered_p99_ms'])} ms (target <= 3)",
         f"  EventWriter linger 0 -> EventReader: p50 {show(doc['events_linger_0']['p50_ms'])} ms "
         f"(target <= 2), p99 {show(doc['events_linger_0']['p99_ms'])} ms (target <= 5)",
+        f"  the floor: one append at a time to bare Flask on one worker, p50 "
+        f"{show(doc['bare_round_trip_ms'])} ms",
     ]
     return "\n".join(lines)
 
