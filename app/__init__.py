@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None, http: HttpSettings | None = Non
         # A connection a sibling forwarded a request of comes here whole, served as this listener's own.
         receiver = handoff.Receiver.bind(hop_server.address) if hop_server is not None else None
         if receiver is not None:
-            receiver.start(served.do_handle)
+            receiver.start(served.adopt)
             app.extensions["segstore.handoff"] = receiver
     return app
 

@@ -145,6 +145,8 @@ class Forwarding:
         retrying = False
         while True:
             if self.store.container_ready(container):
+                if environ.get(handoff.ADOPTED):
+                    start_response = _naming(start_response, self.store.node.node_id)
                 return self._here(environ, start_response, body)
             owner = self.store.owner_of(subject)
             if owner is not None and forwarded:
@@ -275,6 +277,15 @@ class Forwarding:
         if "Content-Length" in answer.raw.headers:
             out.append(("Content-Length", answer.raw.headers["Content-Length"]))
         return f"{answer.status_code} {answer.reason}", out, _Streamed(answer)
+
+
+def _naming(start_response: Callable[..., Any], node: str) -> Callable[..., Any]:
+    """``start_response`` adding ``Segment-Owner: node`` to the answer's headers."""
+
+    def named(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        return start_response(status, [*headers, (OWNER, node)], exc_info)
+
+    return named
 
 
 def _owner_silence_s(settings: Settings) -> float:

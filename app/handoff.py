@@ -15,7 +15,8 @@ A connection moves at most once: only the public port's worker
 (app/worker.py) passes one, and the sibling serves it on its own listener,
 which does not. It is kept, and the next requests forwarded as before, when
 it cannot move without loss: bytes of a next request already read, a TLS
-connection, a sibling that does not take it (gone, or its queue full).
+connection, a sibling that does not take it (gone, or its queue full), and
+while gunicorn writes an access log (the sibling's listener writes none).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from engine import run_blocking
 
 log = logging.getLogger(__name__)
 
+# In the environ of a request on a connection passed here: its answer names this process
+# (``Segment-Owner``), since its client sent it to the public port and cannot tell who answers.
+ADOPTED = "segstore.adopted"
 # The sibling a request of this connection was forwarded to: greenlet-local under gevent.
 _marks = threading.local()
 _SUFFIX = ".conn.sock"

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 from flask import Flask
 
+from app import handoff
+
 # As http.client's own limits: the longest header line, and the most header lines.
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
@@ -123,11 +125,19 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
         def get_environ(self) -> dict[str, Any]:
             environ: dict[str, Any] = super().get_environ()
             environ["RAW_URI"] = self.path  # the path and query as sent, which forwarding passes on
+            if self.socket in self.server.adopted:
+                environ[handoff.ADOPTED] = True
             return environ
 
     class _Server(WSGIServer):
         closing = False
         idle: set[socket.socket]
+        adopted: set[socket.socket]
+
+        def adopt(self, conn: socket.socket, address: Any) -> None:
+            """Serve a connection a sibling passed here (app/handoff.py) as one of this listener's."""
+            self.adopted.add(conn)
+            self.do_handle(conn, address)
 
         def close(self) -> None:
             """Take no connection; end the idle ones now, the others after the answer under way."""
@@ -142,10 +152,13 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
             # not held by Nagle's algorithm until the reader's delayed ACK (up to 40 ms a write).
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            super().handle(conn, address)
+            try:
+                super().handle(conn, address)
+            finally:
+                self.adopted.discard(conn)
 
     # In a pool of its own, which a graceful stop waits for (app/worker.py).
     server = _Server(sock, app, handler_class=_Handler, log=None, spawn=Pool())
-    server.idle = set()
+    server.idle, server.adopted = set(), set()
     server.start()
     return server

@@ -92,7 +92,9 @@ class Worker(GeventWorker):
         handoff.clear()
         super().handle_request(listener_name, req, sock, addr)
         target = handoff.suggested()
-        if target is None or not self.alive or self.cfg.is_ssl:
+        # Kept with TLS (its state is this process's) and with gunicorn's access log, which would
+        # miss the requests the owner's own listener answers.
+        if target is None or not self.alive or self.cfg.is_ssl or self.cfg.accesslog:
             return
         if _at_rest(req) and handoff.send(target, sock):
             raise StopIteration  # gunicorn's loop ends and closes this process's descriptor only

@@ -166,18 +166,25 @@ def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(node:
     one forward per connection at most, not one per request (half the requests of a connection that
     the other process accepted)."""
     moved = []
+    by_owner = owners(node)
     for name in SEGMENTS:
         before = hops_forwarded(node)
         conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+        named = []
         for i in range(10):
             conn.request("POST", f"/v1/segments/{name}", body=f"{i};".encode())
             answer = conn.getresponse()
             assert answer.status == 200, answer.read()
             answer.read()
+            named.append(answer.getheader("Segment-Owner"))
         conn.close()
         forwarded = hops_forwarded(node) - before
         assert forwarded <= 1, f"{name}: {forwarded} requests of one connection forwarded"
         moved.append(forwarded)
+        # Answered by the process that accepted it: no name; moved: every answer names the owner,
+        # which an owner-aware client learns (it cannot tell who answers on the public port).
+        owner = by_owner[container_for(name, 4)]
+        assert named == ([owner] * 10 if forwarded else [None] * 10), named
         stored = requests.get(f"{node.url}/v1/segments/{name}", timeout=10).content
         assert stored == b"".join(f"{i};".encode() for i in range(10))
     assert 0 < sum(moved) < len(SEGMENTS)  # each process accepted some (eight coins: all alike 1 in 128)
@@ -219,6 +226,26 @@ def test_a_connection_passed_to_its_owner_and_left_idle_does_not_hold_a_graceful
     assert time.monotonic() - began < 4, "the passed connections held the stop"
     for conn in idle:
         conn.close()
+
+
+def test_with_the_access_log_on_every_request_of_a_connection_is_logged(tmp_path: Path) -> None:
+    """The owner's own listener writes no access log: no connection moves while it is on."""
+    env = {"SEGSTORE_PROCESSES": "2", "SEGSTORE_ACCESS_LOG": "1"}
+    with ServerProcess(tmp_path / "data", env=env) as server:
+        wait_until(lambda: split(server) == [2, 2], 30, server)
+        for name in SEGMENTS:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            conn.request("PUT", f"/v1/segments/{name}")
+            assert conn.getresponse().read() is not None
+            for _ in range(5):
+                conn.request("POST", f"/v1/segments/{name}", body=b"x;")
+                answer = conn.getresponse()
+                assert answer.status == 200, answer.read()
+                answer.read()
+            conn.close()
+        logged = server.log_path.read_text()
+    for name in SEGMENTS:
+        assert logged.count(f'"POST /v1/segments/{name} HTTP/1.1" 200') == 5, name
 
 
 def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerProcess) -> None:
