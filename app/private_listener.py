@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from flask import Flask
 
 from app import handoff
+from app.settings import KEEPALIVE_S
 
 # As http.client's own limits: the longest header line, and the most header lines.
 _MAX_LINE = 65536
@@ -114,13 +115,21 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
                     yield "HTTP_" + variable, value
 
         def read_requestline(self) -> str:
-            """The next request's line; none ("") once the server closes, which ends the connection."""
+            """The next request's line; none ("") once the server closes or after ``KEEPALIVE_S``
+            without one, which ends the connection (as gunicorn's ``keepalive`` on the public port)."""
             server: _Server = self.server
             server.idle.add(self.socket)
+            self.socket.settimeout(KEEPALIVE_S)
             try:
                 return "" if server.closing else str(super().read_requestline())
+            except TimeoutError:
+                return ""
             finally:
                 server.idle.discard(self.socket)
+                self.socket.settimeout(None)
+
+        def log_request(self) -> None:
+            """Nothing: this listener keeps no access log, so its line is not even formatted."""
 
         def get_environ(self) -> dict[str, Any]:
             environ: dict[str, Any] = super().get_environ()

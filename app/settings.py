@@ -21,6 +21,9 @@ from typing import Any
 
 from engine import InvalidArgument, Settings, read_settings, refuse_negative, refuse_zero, setting_kinds
 
+# How long a server process keeps an idle keep-alive connection open, on the public port
+# (gunicorn's ``keepalive``) and on its own (app/private_listener.py).
+KEEPALIVE_S = 5
 # host:port (an IPv6 host in brackets), or unix:/path.
 _BIND = re.compile(r"unix:.+|(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):[0-9]{1,5}")
 # Waits that would spin at 0: live streams' keep-alives, Durable Streams long-polls and its reaper,

@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 
-from app.settings import HttpSettings, load_server_settings
+from app.settings import KEEPALIVE_S, HttpSettings, load_server_settings
 from engine import SegstoreError, StoreLocked, Throttled
 
 # Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
@@ -74,7 +74,7 @@ graceful_timeout = 30
 # heartbeat is independent of request time, so this only bounds a stuck worker.
 timeout = 120
 # Idle keep-alive connections count as busy during a graceful shutdown.
-keepalive = 5
+keepalive = KEEPALIVE_S
 loglevel = _settings.log_level
 # SEGSTORE_ACCESS_LOG=1: one line per request on standard output, with its duration in microseconds.
 accesslog = "-" if _settings.access_log else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TypeVar
@@ -183,3 +184,33 @@ def test_a_closing_listener_ends_its_idle_connections_and_the_busy_ones_after_th
     assert idle.get(timeout=5) == b""  # ended without a word: it waited for a request
     slow_answer = busy.get(timeout=5)
     assert slow_answer.startswith(b"HTTP/1.1 200") and slow_answer.endswith(b"slow"), slow_answer
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As gunicorn's ``keepalive`` on the public port: connections moved here must not pile up idle."""
+    monkeypatch.setattr("app.private_listener.KEEPALIVE_S", 0.3)
+    app = Flask(__name__)
+
+    @app.get("/fast")
+    def fast() -> str:
+        return "fast"
+
+    sock, url = bind_private("127.0.0.1:0", "")
+    server = serve_private(gevent.socket.socket(sock.family, sock.type, fileno=sock.detach()), app)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    def idle_for() -> float:
+        """Seconds from an answer to the server's close of the kept-alive connection."""
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"fast"):
+                answer += conn.recv(65536)
+            began = time.monotonic()
+            assert conn.recv(65536) == b""  # closed by the server
+            return time.monotonic() - began
+
+    try:
+        assert 0.2 < _in_thread(idle_for) < 3
+    finally:
+        server.stop()
