@@ -6,17 +6,19 @@ a sibling process over the local hop (app/hop.py): two processes' work for
 one request. Once such a request is answered, the connection itself is
 passed to that sibling, between two requests: the file descriptor goes over
 a Unix datagram socket (``SCM_RIGHTS``) beside the sibling's hop socket, and
-the sibling serves what follows on the connection as it serves its own
-listener's (``adopt``), so a client that sends on to the same segment is
-served by its owner alone. The client sees nothing: the TCP connection is
-the same.
+the sibling serves what follows on the connection on its own listener
+(app/private_listener.py ``adopt``), so a client that sends on to the same
+segment is served by its owner alone. A connection whose first request was
+answered where it was accepted moves to that process's own listener (a
+duplicate of its descriptor): its parser costs less a request than the
+public port's. The client sees nothing: the TCP connection is the same.
 
 A connection moves at most once: only the public port's worker
-(app/worker.py) passes one, and the sibling serves it on its own listener,
-which does not. It is kept, and the next requests forwarded as before, when
-it cannot move without loss: bytes of a next request already read, a TLS
-connection, a sibling that does not take it (gone, or its queue full), and
-while gunicorn writes an access log (the sibling's listener writes none).
+(app/worker.py) passes one, and a process's own listener does not. It stays
+where it is when it cannot move without loss: bytes of a next request
+already read, a TLS connection, and while gunicorn writes an access log (the
+other listener writes none); a sibling that does not take it (gone, or its
+queue full) leaves it to the accepting process's own listener.
 """
 
 from __future__ import annotations

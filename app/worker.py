@@ -9,12 +9,15 @@ false and exits as soon as the last connection ends, within
 listener (app/private_listener.py). Idle keep-alive connections still count as open until
 their ``keepalive`` runs out, as with gunicorn's own.
 
-It also passes a keep-alive connection to the sibling process a request on it
-was forwarded to, once that request is answered (app/handoff.py).
+In a node of several processes it also moves each keep-alive connection,
+after its first answer, to a process's own listener: the one its request was
+forwarded to, or its own (app/handoff.py).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from functools import partial
 from typing import Any
@@ -85,19 +88,28 @@ class Worker(GeventWorker):
                 self.notify()
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> None:
-        """gunicorn's, then the connection goes to the sibling its request was forwarded to, if it may.
+        """gunicorn's; then, in a node of several processes, the connection moves (app/handoff.py).
 
-        gunicorn's raises StopIteration where the connection ends after the answer.
+        To the sibling a request on it was forwarded to, else (or if that one
+        does not take it) to this process's own listener, which costs less a
+        request than gunicorn's parser. gunicorn's raises StopIteration where
+        the connection ends after the answer.
         """
         handoff.clear()
         super().handle_request(listener_name, req, sock, addr)
         target = handoff.suggested()
+        own = getattr(self.wsgi, "extensions", {}).get("segstore.private")
         # Kept with TLS (its state is this process's) and with gunicorn's access log, which would
-        # miss the requests the owner's own listener answers.
-        if target is None or not self.alive or self.cfg.is_ssl or self.cfg.accesslog:
+        # miss the requests the other listener answers.
+        if own is None or not self.alive or self.cfg.is_ssl or self.cfg.accesslog or not _at_rest(req):
             return
-        if _at_rest(req) and handoff.send(target, sock):
-            raise StopIteration  # gunicorn's loop ends and closes this process's descriptor only
+        if target is None or not handoff.send(target, sock):
+            try:
+                mine = socket.socket(fileno=os.dup(sock.fileno()))
+            except OSError:  # out of descriptors: it stays here
+                return
+            own.adopt(mine, addr)
+        raise StopIteration  # gunicorn's loop ends and closes its descriptor only
 
 
 def _at_rest(req: Any) -> bool:
