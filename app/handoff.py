@@ -18,7 +18,8 @@ A connection moves at most once: only the public port's worker
 where it is when it cannot move without loss: bytes of a next request
 already read, a TLS connection, and while gunicorn writes an access log (the
 other listener writes none); a sibling that does not take it (gone, or its
-queue full) leaves it to the accepting process's own listener.
+queue still full after a short wait) leaves it to the accepting process's own
+listener.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ _marks = threading.local()
 _SUFFIX = ".conn.sock"
 _NOTE = b"c"
 _QUEUE_BYTES = 64 * 1024
+# The longest a connection waits for room in its receiver's queue (a few passes: net.unix.max_dgram_qlen).
+_SEND_WAIT_S = 0.05
 
 
 def address_beside(hop_address: str) -> str:
@@ -70,19 +73,21 @@ def suggested() -> str | None:
 def send(hop_address: str, conn: socket.socket) -> bool:
     """Pass ``conn`` to the process with hop socket ``hop_address``; False if it did not take it.
 
-    Never waits: a sibling that is gone, not taking connections or behind
-    leaves the connection here. Once this returns True the connection is
-    the sibling's: close this process's descriptor without shutting it down.
+    Waits at most ``_SEND_WAIT_S`` for room in the receiver's queue (a burst
+    of new connections): a sibling that is gone, not taking connections or
+    behind leaves the connection here. Once this returns True the connection
+    is the sibling's: close this process's descriptor without shutting it down.
     """
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
-        try:
-            # socket.send_fds drops its flags and address: sendmsg as it would, with them.
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))]
-            out.sendmsg([_NOTE], rights, socket.MSG_DONTWAIT, address_beside(hop_address))
+        out.settimeout(_SEND_WAIT_S)
+        try:  # connected: a wait for room is a wait for the receiver's queue, not this socket's
+            out.connect(address_beside(hop_address))
+            sent = out.sendmsg([_NOTE], rights)
         except OSError as exc:
             log.debug("connection kept: %s does not take it (%s)", hop_address, exc)
             return False
-    return True
+    return sent == len(_NOTE)  # gevent's sendmsg answers 0 for a queue still full after its wait
 
 
 class Receiver:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from flask import Flask
 
 from app import handoff
-from app.settings import KEEPALIVE_S
+from app.settings import KEEPALIVE_S, MAX_CONNECTIONS
 
 # As http.client's own limits: the longest header line, and the most header lines.
 _MAX_LINE = 65536
@@ -166,8 +166,9 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
             finally:
                 self.adopted.discard(conn)
 
-    # In a pool of its own, which a graceful stop waits for (app/worker.py).
-    server = _Server(sock, app, handler_class=_Handler, log=None, spawn=Pool())
+    # In a pool of its own, which a graceful stop waits for (app/worker.py); a full one takes no
+    # connection until one ends, a passed one included (app/handoff.py: its sender then keeps it).
+    server = _Server(sock, app, handler_class=_Handler, log=None, spawn=Pool(MAX_CONNECTIONS))
     server.idle, server.adopted = set(), set()
     server.start()
     return server

@@ -24,6 +24,9 @@ from engine import InvalidArgument, Settings, read_settings, refuse_negative, re
 # How long a server process keeps an idle keep-alive connection open, on the public port
 # (gunicorn's ``keepalive``) and on its own (app/private_listener.py).
 KEEPALIVE_S = 5
+# The most connections a server process serves at once on each of them (gunicorn's
+# ``worker_connections``); past it, new ones wait to be taken.
+MAX_CONNECTIONS = 2000
 # host:port (an IPv6 host in brackets), or unix:/path.
 _BIND = re.compile(r"unix:.+|(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):[0-9]{1,5}")
 # Waits that would spin at 0: live streams' keep-alives, Durable Streams long-polls and its reaper,

@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 
-from app.settings import KEEPALIVE_S, HttpSettings, load_server_settings
+from app.settings import KEEPALIVE_S, MAX_CONNECTIONS, HttpSettings, load_server_settings
 from engine import SegstoreError, StoreLocked, Throttled
 
 # Worker exit statuses on which the arbiter stops (gunicorn's WORKER_BOOT_ERROR, APP_LOAD_ERROR).
@@ -67,7 +67,7 @@ bind = [_settings.bind]
 workers = _engine_settings.processes_to_start(os.cpu_count() or 1)
 raw_env = [f"SEGSTORE_PROCESSES={workers}"]
 worker_class = "app.worker.Worker"
-worker_connections = 2000
+worker_connections = MAX_CONNECTIONS
 preload_app = False
 graceful_timeout = 30
 # Long-poll reads park for up to tail_wait_max_s; the gevent worker's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +73,21 @@ def test_a_suggestion_is_taken_once() -> None:
     handoff.suggest("/run/x.sock")
     assert handoff.suggested() == "/run/x.sock"
     assert handoff.suggested() is None
+
+
+def test_a_receiver_behind_leaves_the_connection_with_its_sender_after_a_short_wait(
+    tmp_path: Path, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    _, served = pair
+    hop_address = str(tmp_path / "4-ef.sock")
+    receiver = handoff.Receiver.bind(hop_address)  # bound, not started: nothing takes the passes
+    assert receiver is not None
+    try:
+        passed = 0
+        began = time.monotonic()
+        while handoff.send(hop_address, served):  # until its queue is full
+            passed += 1
+            assert passed < 10_000, "the queue never filled"
+        assert passed > 0 and time.monotonic() - began < 2
+    finally:
+        receiver.close()
