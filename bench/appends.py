@@ -38,7 +38,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -161,6 +161,33 @@ class TailResult:
     ack_p99_ms: float
 
 
+async def paced_appends(
+    port: int, target: str, rate: float, sent: list[float], acked: list[float], connections: int,
+    body: Callable[[int], bytes],
+) -> None:
+    """Append ``body(i)`` to ``target`` for each index of ``sent``, at ``rate`` from 0.2 s on,
+    spread over ``connections``; ``sent[i]`` is when append i went out, ``acked[i]`` the seconds
+    its answer took."""
+    loop = asyncio.get_running_loop()
+    first = loop.time() + 0.2
+
+    async def write(lane: int) -> None:
+        conn = Connection(port)
+        for i in range(lane, len(sent), connections):
+            delay = first + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            request = request_bytes("POST", target, body(i))
+            sent[i] = loop.time()
+            status, _, answer = await conn.request(request)
+            acked[i] = loop.time() - sent[i]
+            if status != 200:
+                raise RuntimeError(f"append {i} to {target}: {status} {answer[:200]!r}")
+        conn.close()
+
+    await asyncio.gather(*(write(lane) for lane in range(connections)))
+
+
 async def _tail_latency(
     port: int, segment: str, rate: float, duration_s: float, connections: int = 1
 ) -> TailResult:
@@ -171,22 +198,6 @@ async def _tail_latency(
     delivered = [0.0] * total
     pad = b"t" * (SMALL_APPEND_BYTES - 8)
     target = f"/v1/segments/{segment}"
-
-    first = loop.time() + 0.2
-
-    async def write(lane: int) -> None:
-        conn = Connection(port)
-        for i in range(lane, total, connections):
-            delay = first + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            request = request_bytes("POST", target, i.to_bytes(8, "big") + pad)
-            sent[i] = loop.time()
-            status, _, body = await conn.request(request)
-            acked[i] = loop.time() - sent[i]
-            if status != 200:
-                raise RuntimeError(f"tail append {i}: {status} {body[:200]!r}")
-        conn.close()
 
     async def read() -> None:
         conn = Connection(port)
@@ -211,8 +222,8 @@ async def _tail_latency(
                 got += 1
         conn.close()
 
-    lanes = [write(lane) for lane in range(connections)]
-    await asyncio.wait_for(asyncio.gather(*lanes, read()), duration_s + 60)
+    writes = paced_appends(port, target, rate, sent, acked, connections, lambda i: i.to_bytes(8, "big") + pad)
+    await asyncio.wait_for(asyncio.gather(writes, read()), duration_s + 60)
     return TailResult(
         appends=total,
         sent_per_s=(total - 1) / (max(sent) - min(sent)),

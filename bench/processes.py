@@ -37,10 +37,10 @@ from urllib.parse import urlsplit
 
 import requests
 
-from bench.appends import SMALL_APPEND_BYTES, _tail_latency, spread_segments
+from bench.appends import SMALL_APPEND_BYTES, _tail_latency, paced_appends, spread_segments
 from bench.common import Spread, create_segment, percentile, progress, run_in_workdir
 from bench.events import segstore_latency
-from bench.load import Connection, LoadResult, LoadSpec, request_bytes, run_load
+from bench.load import LoadResult, LoadSpec, run_load
 from bench.servers import ServerProcess
 from engine import container_for
 
@@ -84,27 +84,10 @@ def owner_ports(server: ServerProcess, segments: Sequence[str]) -> tuple[int, ..
 async def paced_acks(port: int, path: str, rate: float, duration_s: float, connections: int) -> list[float]:
     """Milliseconds from sending each 100-byte append to ``path`` to its answer, at ``rate`` over
     ``connections`` (the tail measurement's writers, without its reader)."""
-    loop = asyncio.get_running_loop()
     total = int(rate * duration_s)
-    took = [0.0] * total
-    first = loop.time() + 0.2
-    request = request_bytes("POST", path, b"r" * SMALL_APPEND_BYTES)
-
-    async def write(lane: int) -> None:
-        conn = Connection(port)
-        for i in range(lane, total, connections):
-            delay = first + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            began = loop.time()
-            status, _, body = await conn.request(request)
-            took[i] = (loop.time() - began) * 1000
-            if status != 200:
-                raise RuntimeError(f"append to {path}: {status} {body[:200]!r}")
-        conn.close()
-
-    await asyncio.gather(*(write(lane) for lane in range(connections)))
-    return took
+    sent, acked = [0.0] * total, [0.0] * total
+    await paced_appends(port, path, rate, sent, acked, connections, lambda _: b"r" * SMALL_APPEND_BYTES)
+    return [seconds * 1000 for seconds in acked]
 
 
 def _load(

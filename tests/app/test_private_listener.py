@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import gevent
 import gevent.socket
@@ -142,9 +142,9 @@ def test_request_headers_read_and_forget_as_gevent_asks() -> None:
     assert list(headers.headers) == ["A: 1\r\n", "a: 2\r\n"]
 
 
-def test_a_closing_listener_ends_its_idle_connections_and_the_busy_ones_after_their_answer() -> None:
-    """A graceful stop waits for this listener's connections (app/worker.py): an idle keep-alive
-    connection, which has no timeout here, must not hold it until ``graceful_timeout``."""
+@pytest.fixture
+def timed() -> Iterator[tuple[Any, str, int]]:
+    """A process's own listener serving /fast and /slow (half a second): the server, host and port."""
     app = Flask(__name__)
 
     @app.get("/slow")
@@ -159,58 +159,63 @@ def test_a_closing_listener_ends_its_idle_connections_and_the_busy_ones_after_th
     sock, url = bind_private("127.0.0.1:0", "")
     server = serve_private(gevent.socket.socket(sock.family, sock.type, fileno=sock.detach()), app)
     host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        yield server, host, int(port)
+    finally:
+        server.stop()
 
-    def answers(path: str, requests_before: int) -> bytes:
-        """``requests_before`` keep-alive requests for /fast, one for ``path``: all read till the close."""
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
-            for _ in range(requests_before):
-                conn.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
-                answer = b""
-                while not answer.endswith(b"fast"):
-                    answer += conn.recv(65536)
+
+def _fast(conn: socket.socket) -> None:
+    """One keep-alive request for /fast on ``conn``, its answer read."""
+    conn.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"fast"):
+        answer += conn.recv(65536)
+
+
+def test_a_closing_listener_ends_its_idle_connections_and_the_busy_ones_after_their_answer(
+    timed: tuple[Any, str, int],
+) -> None:
+    """A graceful stop waits for this listener's connections (app/worker.py): an idle keep-alive
+    connection must not hold it."""
+    server, host, port = timed
+
+    def answers(path: str) -> bytes:
+        """A request for ``path`` (or, with none, one for /fast first), read till the close."""
+        with socket.create_connection((host, port), timeout=10) as conn:
             if path:
                 conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            else:
+                _fast(conn)
             got = b""
             while chunk := conn.recv(65536):
                 got += chunk
             return got
 
     pool = gevent.get_hub().threadpool
-    idle = pool.spawn(answers, "", 1)
-    busy = pool.spawn(answers, "/slow", 0)
+    idle = pool.spawn(answers, "")
+    busy = pool.spawn(answers, "/slow")
     gevent.sleep(0.2)
     server.close()
-    assert server.pool.join(timeout=5)
+    assert server.pool.join(timeout=3)
     assert idle.get(timeout=5) == b""  # ended without a word: it waited for a request
     slow_answer = busy.get(timeout=5)
     assert slow_answer.startswith(b"HTTP/1.1 200") and slow_answer.endswith(b"slow"), slow_answer
 
 
-def test_an_idle_connection_is_closed_after_the_keep_alive_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_idle_connection_is_closed_after_the_keep_alive_time(
+    timed: tuple[Any, str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As gunicorn's ``keepalive`` on the public port: connections moved here must not pile up idle."""
     monkeypatch.setattr("app.private_listener.KEEPALIVE_S", 0.3)
-    app = Flask(__name__)
-
-    @app.get("/fast")
-    def fast() -> str:
-        return "fast"
-
-    sock, url = bind_private("127.0.0.1:0", "")
-    server = serve_private(gevent.socket.socket(sock.family, sock.type, fileno=sock.detach()), app)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    _, host, port = timed
 
     def idle_for() -> float:
         """Seconds from an answer to the server's close of the kept-alive connection."""
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
-            conn.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
-            answer = b""
-            while not answer.endswith(b"fast"):
-                answer += conn.recv(65536)
+        with socket.create_connection((host, port), timeout=10) as conn:
+            _fast(conn)
             began = time.monotonic()
             assert conn.recv(65536) == b""  # closed by the server
             return time.monotonic() - began
 
-    try:
-        assert 0.2 < _in_thread(idle_for) < 3
-    finally:
-        server.stop()
+    assert 0.2 < _in_thread(idle_for) < 3
