@@ -25,6 +25,7 @@ from app.settings import KEEPALIVE_S, MAX_CONNECTIONS
 # As http.client's own limits: the longest header line, and the most header lines.
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class RequestHeaders:
@@ -134,6 +135,12 @@ def serve_private(sock: socket.socket, app: Flask) -> Any:
         def get_environ(self) -> dict[str, Any]:
             environ: dict[str, Any] = super().get_environ()
             environ["RAW_URI"] = self.path  # the path and query as sent, which forwarding passes on
+            if self.wsgi_input.socket is not None:
+                # Expect: 100-continue, answered at once as gunicorn does on the public port. gevent
+                # answers it at the first read of the body; an answer given without reading it (a 404)
+                # then leaves the client's next request to be taken for the body it never sent.
+                self.socket.sendall(_CONTINUE)
+                self.wsgi_input.send_100_continue_enabled = False
             if self.socket in self.server.adopted:
                 environ[handoff.ADOPTED] = True
             return environ

@@ -219,3 +219,25 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_time(
             return time.monotonic() - began
 
     assert 0.2 < _in_thread(idle_for) < 3
+
+
+def test_a_body_announced_with_expect_100_continue_is_asked_for_at_once(timed: tuple[Any, str, int]) -> None:
+    """As gunicorn on the public port: the client sends the body, which the next request then follows.
+    Answered only at the body's first read, an answer that never reads it (a 404) left the client's
+    next request to be read as that body: botocore's next request after a refused PutObject came out
+    as ``ELETE /bucket``."""
+    _, host, port = timed
+
+    def exchange() -> list[bytes]:
+        with socket.create_connection((host, port), timeout=10) as conn:
+            expect = b"Content-Length: 1\r\nExpect: 100-continue\r\n"
+            conn.sendall(b"PUT /missing HTTP/1.1\r\nHost: x\r\n" + expect + b"\r\n")
+            first = conn.recv(65536)
+            conn.sendall(b"x")
+            answer = first if first.count(b"HTTP/1.1") > 1 else first + conn.recv(65536)
+            _fast(conn)
+            return answer.split(b"\r\n\r\n")
+
+    interim, final, *_ = _in_thread(exchange)
+    assert interim == b"HTTP/1.1 100 Continue", interim
+    assert final.startswith(b"HTTP/1.1 404"), final
