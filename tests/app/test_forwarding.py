@@ -183,7 +183,7 @@ def test_an_owner_that_refuses_connections_is_waited_out_until_the_container_is_
     store = FakeStore(wait_s=5, ready_at=time.monotonic() + 0.5)
     store.owner = ("a", f"http://127.0.0.1:{free_port()}")  # nothing listens: a killed node
     answered, took = run(store, environ("/v1/segments/x", "POST"))
-    assert answered == ["/v1/segments/x"] and 0.5 <= took < 4
+    assert answered == ["/v1/segments/x"] and 0.45 <= took < 4  # timed from a little after ready_at's base
     assert set(store.unreachable) == {"a"}  # so a 503 meanwhile says its lease is waited out
 
 
