@@ -239,7 +239,7 @@ def test_with_the_access_log_on_every_request_of_a_connection_is_logged(tmp_path
                 assert answer.status == 200, answer.read()
                 answer.read()
             conn.close()
-        logged = server.log_path.read_text()
+    logged = server.log_path.read_text()  # once stopped: a line is written after its answer
     for name in SEGMENTS:
         assert logged.count(f'"POST /v1/segments/{name} HTTP/1.1" 200') == 5, name
 
