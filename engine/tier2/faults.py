@@ -10,6 +10,8 @@ protocol's method names: ``"create"``, ``"write"``, ``"list"``, ...) it can:
   which does the work, and then raise InjectedFault, as when a request
   succeeds but its answer is lost;
 - ``delay(op, s)``: every call first sleeps ``s`` seconds;
+- ``hold(op)`` / ``release(op)``: the next call waits until ``release``,
+  however long the test takes to bring about what must happen meanwhile;
 - ``outage(*ops)`` / ``end_outage()``: while on, every call of those
   operations (of all when none is named) raises InjectedFault;
   ``outage(*ops, full=True)`` raises InjectedFull instead, a
@@ -73,6 +75,8 @@ class FaultyChunkStorage:
         self._fail_before: Counter[str] = Counter()
         self._fail_after: Counter[str] = Counter()
         self._delay_s: dict[str, float] = {}
+        self._holds: dict[str, threading.Event] = {}  # set by release
+        self._hold_next: set[str] = set()  # the operations whose next call waits on its hold
         self._outage: frozenset[str] = frozenset()
         self._outage_error: type[InjectedFault] = InjectedFault
         self._lock = threading.Lock()
@@ -105,6 +109,18 @@ class FaultyChunkStorage:
         with self._lock:
             self._delay_s[_checked(operation)] = seconds
 
+    def hold(self, operation: str) -> None:
+        """The next call of ``operation`` waits until ``release``; the calls after it do not."""
+        with self._lock:
+            self._holds[_checked(operation)] = threading.Event()
+            self._hold_next.add(operation)
+
+    def release(self, operation: str) -> None:
+        """The call held by ``hold`` goes on (at once when it has not come yet)."""
+        with self._lock:
+            self._hold_next.discard(_checked(operation))
+            self._holds.pop(operation, threading.Event()).set()
+
     def outage(self, *operations: str, full: bool = False) -> None:
         """Every call of ``operations`` (of all, if none is named) raises until ``end_outage``.
 
@@ -125,6 +141,11 @@ class FaultyChunkStorage:
             self._fail_after.clear()
             self._delay_s.clear()
             self._outage = frozenset()
+            waiting = list(self._holds.values())
+            self._holds.clear()
+            self._hold_next.clear()
+        for event in waiting:
+            event.set()
 
     def _call(self, operation: str, fn: Callable[[], T]) -> T:
         with self._lock:
@@ -138,6 +159,10 @@ class FaultyChunkStorage:
                 self._fail_after[operation] -= 1
             delay_s = self._delay_s.get(operation, 0.0)
             outage_error = self._outage_error
+            held = self._holds[operation] if operation in self._hold_next else None
+            self._hold_next.discard(operation)
+        if held is not None:
+            held.wait()
         if delay_s:
             time.sleep(delay_s)
         if down:

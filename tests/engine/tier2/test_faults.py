@@ -141,12 +141,34 @@ def test_latency_is_added_per_operation(faulty: FaultyChunkStorage) -> None:
     assert time.monotonic() - started < 0.2
 
 
+def test_a_held_call_waits_for_its_release_and_the_calls_after_it_do_not(faulty: FaultyChunkStorage) -> None:
+    faulty.create("c", b"x")
+    faulty.hold("read")
+    got: list[bytes] = []
+    first = threading.Thread(target=lambda: got.append(faulty.read(ChunkHandle("c", read_only=True), 0, 1)))
+    first.start()
+    while faulty.calls["read"] == 0:
+        time.sleep(0.001)
+    assert faulty.read(ChunkHandle("c", read_only=True), 0, 1) == b"x"  # the next one passes
+    first.join(0.2)
+    assert first.is_alive() and got == []
+    faulty.release("read")
+    first.join(5)
+    assert got == [b"x"]
+    faulty.release("read")  # nothing held: nothing to do
+    faulty.hold("info")
+    faulty.release("info")  # released before the call came: it does not wait
+    assert faulty.info("c").length == 1
+
+
 def test_unknown_operations_are_refused(faulty: FaultyChunkStorage) -> None:
     for inject in (faulty.fail, faulty.fail_after_landing, faulty.outage):
         with pytest.raises(ValueError):
             inject("append")
     with pytest.raises(ValueError):
         faulty.delay("length", 1.0)
+    with pytest.raises(ValueError):
+        faulty.hold("length")
     assert {"create", "read", "write", "concat", "truncate", "delete", "list"} <= OPERATIONS
 
 
