@@ -25,7 +25,8 @@ from tests.s3.conftest import ACCESS_KEY, SECRET_KEY, make_client
 
 # Appends of at most this many bytes: bodies above it are staged before they are published.
 MAX_APPEND_BYTES = 1024
-OVERWRITES = 500
+# Each overwrite races two readers' GETs in a loop: some thousand reads across 200 overwrites.
+OVERWRITES = 200
 BUCKET = "bucket"
 
 
@@ -44,7 +45,7 @@ def body(i: int, rng: random.Random) -> bytes:
     """A distinct body, in hand (one append) or staged (several), by turns."""
     size = rng.choice([10, 300, 3 * MAX_APPEND_BYTES + 17])
     head = f"body {i}:".encode()
-    return head + bytes(rng.getrandbits(8) for _ in range(size))
+    return head + rng.randbytes(size)
 
 
 def overwrite(s3: Any, bucket: str, i: int, data: bytes) -> None:
