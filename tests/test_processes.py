@@ -39,17 +39,37 @@ LEASE_S = 3
 SEGMENTS = [f"procs/s{i}" for i in range(8)]
 
 
+NODE_ENV = {
+    "SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200",
+    "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}",
+}
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[ServerProcess]:
-    env = {
-        "SEGSTORE_PROCESSES": "2", "SEGSTORE_LEASE_S": str(LEASE_S), "SEGSTORE_FLUSH_THRESHOLD_MS": "200",
-        "SEGSTORE_S3_KEYS": f"{ACCESS_KEY}:{SECRET_KEY}",
-    }
-    with ServerProcess(tmp_path / "data", env=env) as running:
+    """A node of its own, holding ``SEGMENTS``, for a test that stops, pauses or kills a process."""
+    with ServerProcess(tmp_path / "data", env=NODE_ENV) as running:
         wait_until(lambda: split(running) == [2, 2], 30, running)
         for name in SEGMENTS:
             assert requests.put(f"{running.url}/v1/segments/{name}", timeout=10).status_code == 201
         yield running
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One node for the tests that leave its processes alone; each works on segments of its own."""
+    with ServerProcess(tmp_path_factory.mktemp("shared") / "data", env=NODE_ENV) as running:
+        wait_until(lambda: split(running) == [2, 2], 30, running)
+        yield running
+
+
+@pytest.fixture
+def segments(shared: ServerProcess, request: pytest.FixtureRequest) -> list[str]:
+    """Eight new segments on the shared node, named after the test: spread over its four containers."""
+    names = [f"procs/{request.node.name[5:40]}/s{i}" for i in range(8)]
+    for name in names:
+        assert requests.put(f"{shared.url}/v1/segments/{name}", timeout=10).status_code == 201
+    return names
 
 
 def cluster(server: ServerProcess) -> dict:
@@ -144,9 +164,11 @@ def check_stored_once(server: ServerProcess, writers: Writers) -> None:
         assert len(stored) - len(acked) <= 1  # the last event, sent when the writers stopped
 
 
-def test_two_processes_split_the_containers_and_answer_for_each_other(node: ServerProcess) -> None:
-    urls = members(node)
-    for name in SEGMENTS:
+def test_two_processes_split_the_containers_and_answer_for_each_other(
+    shared: ServerProcess, segments: list[str]
+) -> None:
+    urls = members(shared)
+    for name in segments:
         for url in urls.values():  # each process answers for every segment, forwarding to its owner
             answer = requests.post(f"{url}/v1/segments/{name}", data=b"x;", timeout=10)
             assert answer.status_code == 200, answer.text
@@ -161,15 +183,17 @@ def hops_forwarded(server: ServerProcess) -> float:
                if line.startswith(prefix) and 'transport="hop"' in line)
 
 
-def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(node: ServerProcess) -> None:
+def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(
+    shared: ServerProcess, segments: list[str]
+) -> None:
     """After a request forwarded to its owner, the connection itself is the owner's (app/handoff.py):
     one forward per connection at most, not one per request (half the requests of a connection that
     the other process accepted)."""
     moved = []
-    by_owner = owners(node)
-    for name in SEGMENTS:
-        before = hops_forwarded(node)
-        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+    by_owner = owners(shared)
+    for name in segments:
+        before = hops_forwarded(shared)
+        conn = http.client.HTTPConnection("127.0.0.1", shared.port, timeout=10)
         named = []
         for i in range(10):
             conn.request("POST", f"/v1/segments/{name}", body=f"{i};".encode())
@@ -178,7 +202,7 @@ def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(node:
             answer.read()
             named.append(answer.getheader("Segment-Owner"))
         conn.close()
-        forwarded = hops_forwarded(node) - before
+        forwarded = hops_forwarded(shared) - before
         assert forwarded <= 1, f"{name}: {forwarded} requests of one connection forwarded"
         moved.append(forwarded)
         # The first answered where the connection was accepted names the owner only if forwarded; then
@@ -186,19 +210,21 @@ def test_a_connection_to_the_public_port_moves_to_the_owner_of_its_segment(node:
         # client learns (it cannot tell who answers on the public port).
         owner = by_owner[container_for(name, 4)]
         assert named == [owner if forwarded else None] + [owner] * 9, named
-        stored = requests.get(f"{node.url}/v1/segments/{name}", timeout=10).content
+        stored = requests.get(f"{shared.url}/v1/segments/{name}", timeout=10).content
         assert stored == b"".join(f"{i};".encode() for i in range(10))
-    assert 0 < sum(moved) < len(SEGMENTS)  # each process accepted some (eight coins: all alike 1 in 128)
+    assert 0 < sum(moved) < len(segments)  # each process accepted some (eight coins: all alike 1 in 128)
 
 
-def test_requests_sent_ahead_on_a_connection_are_answered_in_order(node: ServerProcess) -> None:
+def test_requests_sent_ahead_on_a_connection_are_answered_in_order(
+    shared: ServerProcess, segments: list[str]
+) -> None:
     """A connection with the next request already read is not passed (its bytes would be lost)."""
-    for name in SEGMENTS:
+    for name in segments:
         ahead = b"".join(
             f"POST /v1/segments/{name} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{i};".encode()
             for i in range(5)
         )
-        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as conn:
+        with socket.create_connection(("127.0.0.1", shared.port), timeout=10) as conn:
             conn.sendall(ahead)
             conn.sendall(f"GET /v1/segments/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             got = b""
@@ -244,23 +270,23 @@ def test_with_the_access_log_on_every_request_of_a_connection_is_logged(tmp_path
         assert logged.count(f'"POST /v1/segments/{name} HTTP/1.1" 200') == 5, name
 
 
-def test_one_scrape_shows_every_process_and_healthz_the_whole_node(node: ServerProcess) -> None:
-    for url in [node.url, *members(node).values()]:
+def test_one_scrape_shows_every_process_and_healthz_the_whole_node(shared: ServerProcess) -> None:
+    for url in [shared.url, *members(shared).values()]:
         text = requests.get(f"{url}/metrics", timeout=10).text
         for member in ("p0", "p1"):
             assert f'segstore_cluster_leases_held{{process="{member}"}} 2.0' in text
         health = requests.get(f"{url}/healthz", timeout=10)
         assert health.status_code == 200, health.text
-        containers = health.json()["containers"]  # every container of the node, from its process
+        containers = health.json()["containers"]  # every container of the shared, from its process
         assert [c["id"] for c in containers] == [0, 1, 2, 3], containers
         assert {c["process"]: c["state"] for c in containers} == {"p0": "running", "p1": "running"}
         assert requests.get(f"{url}/readyz", timeout=10).status_code == 200
     here = {"Segstore-Process-Here": "1"}
-    alone = requests.get(f"{node.url}/metrics", headers=here, timeout=10).text
+    alone = requests.get(f"{shared.url}/metrics", headers=here, timeout=10).text
     assert alone.count("segstore_cluster_leases_held 2.0") == 1 and 'process="' not in alone
-    for member, url in members(node).items():  # each process's own containers
+    for member, url in members(shared).items():  # each process's own containers
         own = requests.get(f"{url}/healthz", headers=here, timeout=10).json()["containers"]
-        assert sorted(c["id"] for c in own) == sorted(c for c, o in owners(node).items() if o == member)
+        assert sorted(c["id"] for c in own) == sorted(c for c, o in owners(shared).items() if o == member)
 
 
 def test_a_node_whose_process_is_paused_is_not_healthy_until_its_containers_serve_again(
@@ -292,35 +318,42 @@ def forwarded(server: ServerProcess) -> float:
                if line.startswith("segstore_http_requests_total{") and 'route="forwarded"' in line)
 
 
-def test_the_python_client_learns_each_segments_process_and_goes_straight_to_it(node: ServerProcess) -> None:
-    with SegmentClient(node.url) as client:
-        for name in SEGMENTS:  # a forwarded answer names the process serving the segment
+def test_the_python_client_learns_each_segments_process_and_goes_straight_to_it(
+    shared: ServerProcess, segments: list[str]
+) -> None:
+    with SegmentClient(shared.url) as client:
+        for name in segments:  # a forwarded answer names the process serving the segment
             client.append(name, b"first;")
-        before = forwarded(node)
+        before = forwarded(shared)
         for _ in range(5):
-            for name in SEGMENTS:
+            for name in segments:
                 client.append(name, b"next;")
-        assert forwarded(node) == before  # every append went straight to its process
-        assert all(client.read(name).data == b"first;" + b"next;" * 5 for name in SEGMENTS)
+        assert forwarded(shared) == before  # every append went straight to its process
+        assert all(client.read(name).data == b"first;" + b"next;" * 5 for name in segments)
 
 
-def test_a_listing_from_either_process_shows_every_container(node: ServerProcess) -> None:
-    for url in members(node).values():
-        listed = requests.get(f"{url}/v1/segments", params={"prefix": "procs/"}, timeout=10).json()
-        assert sorted(s["name"] for s in listed["segments"]) == sorted(SEGMENTS)
+def test_a_listing_from_either_process_shows_every_container(
+    shared: ServerProcess, segments: list[str]
+) -> None:
+    for url in members(shared).values():
+        prefix = segments[0].rpartition("/")[0] + "/"
+        listed = requests.get(f"{url}/v1/segments", params={"prefix": prefix}, timeout=10).json()
+        assert sorted(s["name"] for s in listed["segments"]) == sorted(segments)
 
 
-def test_a_merge_across_processes_copies_the_source_into_the_target(node: ServerProcess) -> None:
-    held = owners(node)
-    target = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p0")
-    source = next(n for n in SEGMENTS if held[container_for(n, 4)] == "p1")
-    urls = members(node)
-    assert requests.post(f"{node.url}/v1/segments/{source}", data=b"from the source;", timeout=10).ok
-    assert requests.post(f"{node.url}/v1/segments/{source}:seal", timeout=10).ok
+def test_a_merge_across_processes_copies_the_source_into_the_target(
+    shared: ServerProcess, segments: list[str]
+) -> None:
+    held = owners(shared)
+    target = next(n for n in segments if held[container_for(n, 4)] == "p0")
+    source = next(n for n in segments if held[container_for(n, 4)] == "p1")
+    urls = members(shared)
+    assert requests.post(f"{shared.url}/v1/segments/{source}", data=b"from the source;", timeout=10).ok
+    assert requests.post(f"{shared.url}/v1/segments/{source}:seal", timeout=10).ok
     merged = requests.post(f"{urls['p0']}/v1/segments/{target}:merge", json={"source": source}, timeout=30)
     assert merged.status_code == 200, merged.text
-    assert requests.get(f"{node.url}/v1/segments/{target}", timeout=10).content == b"from the source;"
-    assert requests.get(f"{node.url}/v1/segments/{source}:info", timeout=10).status_code == 404
+    assert requests.get(f"{shared.url}/v1/segments/{target}", timeout=10).content == b"from the source;"
+    assert requests.get(f"{shared.url}/v1/segments/{source}:info", timeout=10).status_code == 404
 
 
 def s3_client(url: str):  # type: ignore[no-untyped-def]
@@ -330,8 +363,8 @@ def s3_client(url: str):  # type: ignore[no-untyped-def]
     )
 
 
-def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(node: ServerProcess) -> None:
-    urls = list(members(node).values())
+def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(shared: ServerProcess) -> None:
+    urls = list(members(shared).values())
     clients = [s3_client(url) for url in urls]
     clients[0].create_bucket(Bucket="procs")
     upload = clients[0].create_multipart_upload(Bucket="procs", Key="big")["UploadId"]
@@ -346,13 +379,13 @@ def test_a_multipart_upload_whose_parts_land_on_different_processes_completes(no
         Bucket="procs", Key="big", UploadId=upload,
         MultipartUpload={"Parts": [{"PartNumber": n + 1, "ETag": e} for n, e in enumerate(etags)]},
     )
-    assert s3_client(node.url).get_object(Bucket="procs", Key="big")["Body"].read() == b"".join(parts)
+    assert s3_client(shared.url).get_object(Bucket="procs", Key="big")["Body"].read() == b"".join(parts)
 
 
-def test_an_upload_id_sent_with_a_key_another_process_serves_is_no_such_upload(node: ServerProcess) -> None:
+def test_an_upload_id_sent_with_a_key_another_process_serves_is_no_such_upload(shared: ServerProcess) -> None:
     """An upload's state lives in its object's container: with another key, wherever it lives, 404 not 503."""
-    by_owner = owners(node)
-    client = s3_client(node.url)
+    by_owner = owners(shared)
+    client = s3_client(shared.url)
     client.create_bucket(Bucket="ids")
     upload = client.create_multipart_upload(Bucket="ids", Key="mine")["UploadId"]
     home = by_owner[container_for(object_name("ids", "mine"), 4)]
@@ -376,11 +409,13 @@ def test_an_upload_id_sent_with_a_key_another_process_serves_is_no_such_upload(n
         assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
 
 
-def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(node: ServerProcess) -> None:
-    by_owner = owners(node)
-    urls = members(node)
-    name = SEGMENTS[0]
-    owner = requests.post(f"{node.url}/v1/segments/{name}", data=b"a;", timeout=10)
+def test_a_long_poll_on_one_process_is_woken_by_an_append_served_by_another(
+    shared: ServerProcess, segments: list[str]
+) -> None:
+    by_owner = owners(shared)
+    urls = members(shared)
+    name = segments[0]
+    owner = requests.post(f"{shared.url}/v1/segments/{name}", data=b"a;", timeout=10)
     assert owner.status_code == 200
     served_by = owner.headers.get("Segment-Owner")
     holder = served_by or next(m for m in urls if m in by_owner.values())
@@ -491,8 +526,8 @@ def test_with_tier1_on_s3_each_process_is_a_cluster_member(
         check_stored_once(server, writers)
 
 
-def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(node: ServerProcess) -> None:
-    held = owners(node)
+def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(shared: ServerProcess) -> None:
+    held = owners(shared)
 
     def on(member: str, prefix: str) -> str:
         return next(
@@ -501,7 +536,7 @@ def test_a_fork_on_another_process_keeps_its_source_soft_deleted_till_it_goes(no
         )
 
     source, fork, leaf = on("p0", "src"), on("p1", "fork"), on("p0", "leaf")
-    streams = f"{node.url}/v1/stream/"
+    streams = f"{shared.url}/v1/stream/"
     text = {"Content-Type": "text/plain"}
     assert requests.put(streams + source, headers=text, data=b"a", timeout=10).status_code == 201
     made = requests.put(streams + fork, headers={"Stream-Forked-From": source}, timeout=10)
