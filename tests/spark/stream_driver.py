@@ -4,16 +4,34 @@
 ``segstore`` format and writes each event as a line of text under ``OUTPUT`` (Spark's file sink, which
 lists the files of each committed micro-batch in ``OUTPUT/_spark_metadata``). ``TRIGGER`` is
 ``continuous`` (a micro-batch every 200 ms, until the process is killed) or ``available-now`` (read
-what the stream holds, then exit).
+what the stream holds, then exit). A test restarts the query from its checkpoint with ``start_copy``.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from client.spark import SegstoreDataSource
+
+
+def start_copy(session: Any, endpoint: str, stream: str, output: str, checkpoint: str, trigger: str) -> Any:
+    """The streaming query this driver runs, started in ``session``: a test restarts it in its own."""
+    events = session.readStream.format("segstore").option("endpoint", endpoint).option("stream", stream)
+    writer = (
+        events.load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.format("text")
+        .option("path", output)
+        .option("checkpointLocation", checkpoint)
+    )
+    if trigger == "continuous":
+        writer = writer.trigger(processingTime="200 milliseconds")
+    else:
+        writer = writer.trigger(availableNow=True)
+    return writer.start()
 
 
 def main(endpoint: str, stream: str, output: str, checkpoint: str, trigger: str) -> None:
@@ -28,20 +46,7 @@ def main(endpoint: str, stream: str, output: str, checkpoint: str, trigger: str)
     )
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(SegstoreDataSource)
-    events = session.readStream.format("segstore").option("endpoint", endpoint).option("stream", stream)
-    writer = (
-        events.load()
-        .selectExpr("CAST(value AS STRING) AS value")
-        .writeStream.format("text")
-        .option("path", output)
-        .option("checkpointLocation", checkpoint)
-    )
-    if trigger == "continuous":
-        writer = writer.trigger(processingTime="200 milliseconds")
-    else:
-        writer = writer.trigger(availableNow=True)
-    query = writer.start()
-    query.awaitTermination()
+    start_copy(session, endpoint, stream, output, checkpoint, trigger).awaitTermination()
     session.stop()
 
 

@@ -166,8 +166,11 @@ def _kill_group(driver: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.process
 def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_delivers_each_event_once(
-    server: ServerProcess, client: SegmentClient, tmp_path: Path
+    spark: Any, server: ServerProcess, client: SegmentClient, tmp_path: Path
 ) -> None:
+    """Killed with its driver's JVM mid-run; restarted from the checkpoint in another JVM, this run's."""
+    from tests.spark.stream_driver import start_copy  # imports pyspark: not at collection
+
     scope, stream = _new_stream(client, segments=2)  # 0 [0, .5), 1 [.5, 1)
     streams = StreamClient(client)
     output, checkpoint = tmp_path / "out", tmp_path / "ckpt"
@@ -185,11 +188,9 @@ def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_delivers_eac
         _kill_group(driver)  # mid-run: a micro-batch may be half written
     streams.scale(scope, stream, [4], [(0.25, 0.6), (0.6, 1.0)])  # 5, 6, while no driver runs
     writers.stop()
-    driver = _start_driver(server, f"{scope}/{stream}", output, checkpoint, "available-now")
-    try:
-        assert driver.wait(timeout=180) == 0
-    finally:
-        _kill_group(driver)
+    query = start_copy(spark, server.url, f"{scope}/{stream}", str(output), str(checkpoint), "available-now")
+    query.awaitTermination(180)
+    assert query.exception() is None
     assert_exactly_once_in_order(_numbers(_committed(output)), dict(writers.written))
 
 
