@@ -6,8 +6,9 @@ a restart, a hand-over of a node's containers as it leaves) took one to two
 seconds however idle the process. This one wakes at once when ``alive`` turns
 false and exits as soon as the last connection ends, within
 ``graceful_timeout``: the public port's and those of the process's own
-listener (app/private_listener.py). Idle keep-alive connections still count as open until
-their ``keepalive`` runs out, as with gunicorn's own.
+listener (app/private_listener.py). A connection answered once the stop began ends after its
+answer (gunicorn's would wait for its ``keepalive``); idle keep-alive connections open before
+still count as open until their ``keepalive`` runs out, as with gunicorn's own.
 
 In a node of several processes it also moves each keep-alive connection,
 after its first answer, to a process's own listener: the one its request was
@@ -88,7 +89,8 @@ class Worker(GeventWorker):
                 self.notify()
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> None:
-        """gunicorn's; then, in a node of several processes, the connection moves (app/handoff.py).
+        """gunicorn's; then the connection ends if the worker is stopping, else, in a node of several
+        processes, moves (app/handoff.py).
 
         To the sibling a request on it was forwarded to, else (or if that one
         does not take it) to this process's own listener, which costs less a
@@ -97,11 +99,15 @@ class Worker(GeventWorker):
         """
         handoff.clear()
         super().handle_request(listener_name, req, sock, addr)
+        if not _at_rest(req):  # the next request is read already: it is answered here
+            return
+        if not self.alive:  # told to stop during the answer: no keep-alive wait holds the stop
+            raise StopIteration
         target = handoff.suggested()
         own = getattr(self.wsgi, "extensions", {}).get("segstore.private")
         # Kept with TLS (its state is this process's) and with gunicorn's access log, which would
         # miss the requests the other listener answers.
-        if own is None or not self.alive or self.cfg.is_ssl or self.cfg.accesslog or not _at_rest(req):
+        if own is None or self.cfg.is_ssl or self.cfg.accesslog:
             return
         if target is None or not handoff.send(target, sock):
             try:

@@ -9,6 +9,7 @@ exactly once whatever happens to a process.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -237,17 +238,15 @@ def test_requests_sent_ahead_on_a_connection_are_answered_in_order(
 def test_connections_moved_to_the_processes_and_left_idle_do_not_hold_a_graceful_stop(
     node: ServerProcess,
 ) -> None:
-    idle = []
-    for name in SEGMENTS:  # each moves to a process's own listener (gunicorn's would hold the stop 5 s)
-        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
-        conn.request("POST", f"/v1/segments/{name}", body=b"x;")
-        assert conn.getresponse().read() is not None
-        idle.append(conn)
-    began = time.monotonic()
-    assert node.stop(40) == 0
-    assert time.monotonic() - began < 4, "the passed connections held the stop"
-    for conn in idle:
-        conn.close()
+    with contextlib.ExitStack() as idle:
+        for name in SEGMENTS:  # each moves to a process's own listener (gunicorn's would hold the stop 5 s)
+            conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+            idle.callback(conn.close)
+            conn.request("POST", f"/v1/segments/{name}", body=b"x;")
+            assert conn.getresponse().read() is not None
+        began = time.monotonic()
+        assert node.stop(40) == 0
+        assert time.monotonic() - began < 4, "the passed connections held the stop"
 
 
 def test_with_the_access_log_on_every_request_of_a_connection_is_logged(tmp_path: Path) -> None:

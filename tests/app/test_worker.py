@@ -64,3 +64,24 @@ def test_a_request_open_when_told_to_stop_is_answered_then_the_worker_ends(
     greenlet.join(timeout=0.5)
     assert greenlet.dead
     client.close()
+
+
+def test_a_keep_alive_connection_answered_once_told_to_stop_ends_after_its_answer(
+    worker: tuple[Worker, gevent.Greenlet, tuple[str, int]],
+) -> None:
+    running, greenlet, address = worker
+
+    def stopped_during_the_answer(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        running.alive = False  # SIGTERM arriving while the request runs, after gunicorn's own look
+        return _app(environ, start_response)
+
+    running.wsgi = stopped_during_the_answer
+    answer = b""
+    with gevent.socket.create_connection(address) as client:
+        client.sendall(REQUEST.replace(b"Connection: close\r\n", b"") + b"0123456789")
+        with gevent.Timeout(1):  # gunicorn's worker keeps it open for its keep-alive wait
+            while chunk := client.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"0123456789")
+    greenlet.join(timeout=0.5)
+    assert greenlet.dead
