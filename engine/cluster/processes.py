@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # registers.py imports boto3, which gunicorn's arbiter must n
 SLOTS = "processes"
 REGISTERS = "cluster"
 _MEMBER_PREFIX = "p"
+# The longest a starting process waits for the folder's lock to be shared before it takes the
+# exclusive holder for a single-process server.
+SHARE_WAIT_S = 3.0
 # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (and padding to 32 bytes).
 _FLOCK = "hhqqi4x"
 
@@ -80,9 +83,22 @@ class ProcessSlot:
         """Share the folder with this server's other processes, and hold the first free slot.
 
         StoreLocked when another server holds the folder, or every slot is
-        held (more processes than ``processes`` run on it).
+        held (more processes than ``processes`` run on it). A sibling holds
+        the folder's lock exclusively for a moment as it starts (its pid
+        written, then the lock converted to shared, which flock does not do
+        atomically): only a lock held so for ``SHARE_WAIT_S`` is a
+        single-process server's.
         """
-        run_blocking(self._take)
+        deadline = time.monotonic() + SHARE_WAIT_S
+        while True:
+            try:
+                run_blocking(self._take)
+                return
+            except _HeldExclusively:
+                if time.monotonic() >= deadline:
+                    why = f"a single-process server owns the data directory {self.data}"
+                    raise StoreLocked(why) from None
+                time.sleep(0.01)
 
     def _take(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
@@ -119,7 +135,7 @@ class ProcessSlot:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # from exclusive: converted
             except BlockingIOError:
-                raise StoreLocked(f"a single-process server owns the data directory {self.data}") from None
+                raise _HeldExclusively from None
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             if holder != str(server):
                 raise StoreLocked(
@@ -163,6 +179,10 @@ class ProcessSlot:
             if fd is not None:
                 os.close(fd)
         self._slot_fd = self._folder_fd = None
+
+
+class _HeldExclusively(Exception):
+    """The folder's lock is held exclusively: by a single-process server, or a sibling starting."""
 
 
 def slot_free(data: Path, slot: int) -> bool:

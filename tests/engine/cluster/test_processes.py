@@ -6,6 +6,7 @@ slots on real processes, whose death is what frees a slot.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine import SegmentStore, Settings
+from engine.cluster import processes
 from engine.cluster.coordinator import Coordinator
 from engine.cluster.processes import ProcessSlot, member_id, slot_free
 from engine.cluster.registers import MemoryRegisters
@@ -130,6 +132,38 @@ def test_another_server_is_refused_the_folder(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.join(30)
+
+
+def test_a_sibling_holding_the_folder_alone_for_a_moment_as_it_starts_is_waited_for(tmp_path: Path) -> None:
+    """flock turns an exclusive lock into a shared one by dropping it first: a sibling starting
+    alongside finds it exclusive for a moment, which is not a single-process server's."""
+    lock = tmp_path / "LOCK"
+    lock.write_text(f"{os.getppid()}\n")  # this process's server
+    sibling = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(sibling, fcntl.LOCK_EX)
+        threading.Timer(0.3, fcntl.flock, (sibling, fcntl.LOCK_SH)).start()
+        slot = ProcessSlot(tmp_path, 2)
+        slot.take()
+        assert slot.member == "p0"
+        slot.close()
+    finally:
+        os.close(sibling)
+
+
+def test_a_folder_held_alone_past_the_wait_is_a_single_process_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(processes, "SHARE_WAIT_S", 0.2)
+    server = os.open(tmp_path / "LOCK", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(server, fcntl.LOCK_EX)  # as a single-process server holds it, for its lifetime
+        began = time.monotonic()
+        with pytest.raises(StoreLocked, match="single-process server"):
+            ProcessSlot(tmp_path, 2).take()
+        assert 0.2 <= time.monotonic() - began < 2
+    finally:
+        os.close(server)
 
 
 def test_a_process_waits_for_its_siblings_before_its_first_round(tmp_path: Path) -> None:
