@@ -30,12 +30,10 @@ PROCESSES = [pytest.param(1, id="one-process"), pytest.param(2, id="two-processe
 
 @pytest.fixture(scope="module", params=PROCESSES)
 def server(
-    request: pytest.FixtureRequest, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """A server of ``request.param`` processes: the package's if it runs that many, else one of its own."""
-    if server.processes == request.param:
-        yield server
-        return
+    """A server of ``request.param`` processes, the module's own (asking for the package's too would
+    start that one again at each switch of the parameter)."""
     data_dir = tmp_path_factory.mktemp("cli-server") / "data"
     env = {"SEGSTORE_MAX_APPEND_BYTES": str(MAX_APPEND_BYTES), "SEGSTORE_PROCESSES": str(request.param)}
     with killed_at_exit(ServerProcess(data_dir, env=env)) as running:
