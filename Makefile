@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: run cluster test test-fast lint bench clean s3-deps spark-deps browser-deps console-screenshot
+.PHONY: run cluster test test-fast bytecode lint bench clean s3-deps spark-deps browser-deps console-screenshot
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -62,17 +62,17 @@ console-screenshot: $(VENV)/.test browser-deps
 # processes (servers and their workers, Spark's Python workers, command lines), and where bytecode
 # is not written (PYTHONDONTWRITEBYTECODE) each would compile them anew, a third of a second a start.
 SOURCES := app engine bench tests $(CLIENT)/client
+bytecode: $(VENV)/.test
+	$(BIN)/python -m compileall -q $(SOURCES)
 
 # Three workers on two cores (many tests wait on leases and timeouts more than they compute), each
 # taking a whole module of the tests that start processes at a time (tests/conftest.py); the slowest
 # tests are named at the end, to keep the suite within 15 minutes.
-test: lint browser-deps
-	$(BIN)/python -m compileall -q $(SOURCES)
+test: lint browser-deps bytecode
 	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=25
 
 # The tests that start no process (tests/conftest.py), two at a time: about two minutes, for the edit-test loop.
-test-fast: $(VENV)/.test
-	$(BIN)/python -m compileall -q $(SOURCES)
+test-fast: bytecode
 	$(BIN)/pytest -q -m "not process" -n 2
 
 bench: $(VENV)/.serve
