@@ -99,15 +99,15 @@ class Worker(GeventWorker):
         """
         handoff.clear()
         super().handle_request(listener_name, req, sock, addr)
-        if not _at_rest(req):  # the next request is read already: it is answered here
-            return
         if not self.alive:  # told to stop during the answer: no keep-alive wait holds the stop
-            raise StopIteration
+            if _at_rest(req):  # else the next request, read already, is answered here
+                raise StopIteration
+            return
         target = handoff.suggested()
         own = getattr(self.wsgi, "extensions", {}).get("segstore.private")
         # Kept with TLS (its state is this process's) and with gunicorn's access log, which would
         # miss the requests the other listener answers.
-        if own is None or self.cfg.is_ssl or self.cfg.accesslog:
+        if own is None or self.cfg.is_ssl or self.cfg.accesslog or not _at_rest(req):
             return
         if target is None or not handoff.send(target, sock):
             try:
